@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of serval from Debian 12 packages.
+# Idempotent: packages already present are skipped by apt-get; safe to re-run.
+set -euo pipefail
+
+PKGS=(
+  cmake ninja-build g++ pkg-config
+  libgtest-dev libgmock-dev
+  nlohmann-json3-dev libcli11-dev
+  python3 python3-jinja2
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,12 @@
+// Entry points of the `serval` subcommands (tools/main.cpp dispatches on argv[1]).
+// Each takes the arguments after the subcommand name (argv[0] is "serval <cmd>")
+// and returns the process exit status: 0 ok, 1 runtime failure, 2 bad usage/input.
+#pragma once
+
+namespace serval::cli {
+
+int cmd_run(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_gguf(int argc, char** argv);
+
+}  // namespace serval::cli

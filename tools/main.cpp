@@ -1,0 +1,46 @@
+// serval: one binary, subcommands. See `serval --help`.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "commands.h"
+
+namespace {
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: serval <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  run        generate text from a prompt (streams to stdout)\n"
+               "  tokenize   print the token ids (and pieces) of a text\n"
+               "  gguf       inspect (info) or synthesize (synth) GGUF files\n"
+               "\n"
+               "Run 'serval <command> --help' for the options of a command.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    usage(stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::printf("serval 0.1.0\n");
+    return 0;
+  }
+  // Sub-command sees argv[0] = "serval <cmd>" so CLI11 help reads naturally.
+  std::string name = "serval " + cmd;
+  argv[1] = name.data();
+  if (cmd == "run") return serval::cli::cmd_run(argc - 1, argv + 1);
+  if (cmd == "tokenize") return serval::cli::cmd_tokenize(argc - 1, argv + 1);
+  if (cmd == "gguf") return serval::cli::cmd_gguf(argc - 1, argv + 1);
+  std::fprintf(stderr, "serval: unknown command '%s' (see 'serval --help')\n", cmd.c_str());
+  return 2;
+}
