@@ -1,0 +1,119 @@
+#include "model/reference_forward.h"
+
+#include <cmath>
+
+#include "kernels/ref/ops.h"
+#include "kernels/ref/quants.h"
+
+namespace serval {
+
+ReferenceForward::ReferenceForward(const Model& model, int64_t n_ctx, ThreadPool* pool)
+    : model_(model), pool_(pool), n_ctx_(n_ctx) {
+  const ModelConfig& c = model.config();
+  const size_t kv = (size_t)(c.n_layers * n_ctx * c.kv_dim());
+  k_cache_.assign(kv, 0.0f);
+  v_cache_.assign(kv, 0.0f);
+  x_.resize((size_t)c.dim);
+  xn_.resize((size_t)c.dim);
+  q_.resize((size_t)c.q_dim());
+  k_.resize((size_t)c.kv_dim());
+  v_.resize((size_t)c.kv_dim());
+  att_.resize((size_t)n_ctx);
+  attn_out_.resize((size_t)c.q_dim());
+  proj_.resize((size_t)c.dim);
+  gate_.resize((size_t)c.ffn_dim);
+  up_.resize((size_t)c.ffn_dim);
+  ffn_.resize((size_t)c.ffn_dim);
+}
+
+void ReferenceForward::truncate(int64_t n) {
+  SERVAL_ASSERT(n >= 0 && n <= n_past_);
+  n_past_ = n;
+}
+
+void ReferenceForward::matvec(const Matrix& m, const float* x, float* y) {
+  const size_t stride = row_size(m.type, m.cols);
+  auto rows = [&](int64_t begin, int64_t end) {
+    ref::matvec(m.type, m.data + (size_t)begin * stride, end - begin, m.cols, x, y + begin);
+  };
+  if (pool_) pool_->parallel_for(m.rows, rows, 16);
+  else rows(0, m.rows);
+}
+
+Status ReferenceForward::eval(int32_t token, std::span<float> logits) {
+  const ModelConfig& c = model_.config();
+  const ModelWeights& w = model_.weights();
+  if (token < 0 || token >= c.n_vocab)
+    return invalid_argument("token id " + std::to_string(token) + " is out of range [0, " +
+                            std::to_string(c.n_vocab) + ")");
+  if (n_past_ >= n_ctx_)
+    return {StatusCode::resource_exhausted, "context is full (" + std::to_string(n_ctx_) + " tokens)"};
+  if (!logits.empty() && (int64_t)logits.size() != c.n_vocab)
+    return invalid_argument("logits buffer has " + std::to_string(logits.size()) + " floats, expected " +
+                            std::to_string(c.n_vocab));
+
+  const int64_t pos = n_past_;
+  const int64_t dim = c.dim, hd = c.head_dim, kv_dim = c.kv_dim();
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  const float scale = 1.0f / std::sqrt((float)hd);
+
+  // x = token_embd[token]
+  ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)token * row_size(w.token_embd.type, dim),
+                      x_.data(), dim);
+
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    const LayerWeights& l = w.layers[(size_t)il];
+    // --- attention ---
+    ref::rmsnorm(xn_.data(), x_.data(), l.attn_norm.data(), dim, c.rms_eps);
+    matvec(l.wq, xn_.data(), q_.data());
+    matvec(l.wk, xn_.data(), k_.data());
+    matvec(l.wv, xn_.data(), v_.data());
+    if (!l.bq.empty()) for (int64_t i = 0; i < c.q_dim(); ++i) q_[(size_t)i] += l.bq[(size_t)i];
+    if (!l.bk.empty()) for (int64_t i = 0; i < kv_dim; ++i) k_[(size_t)i] += l.bk[(size_t)i];
+    if (!l.bv.empty()) for (int64_t i = 0; i < kv_dim; ++i) v_[(size_t)i] += l.bv[(size_t)i];
+    ref::rope(q_.data(), c.n_heads, hd, c.rope_dim, pos, c.rope_freq_base, c.arch.rope);
+    ref::rope(k_.data(), c.n_kv_heads, hd, c.rope_dim, pos, c.rope_freq_base, c.arch.rope);
+
+    float* kc = k_cache_.data() + (size_t)(il * n_ctx_ * kv_dim);
+    float* vc = v_cache_.data() + (size_t)(il * n_ctx_ * kv_dim);
+    std::copy(k_.begin(), k_.end(), kc + pos * kv_dim);
+    std::copy(v_.begin(), v_.end(), vc + pos * kv_dim);
+
+    for (int64_t h = 0; h < c.n_heads; ++h) {
+      const int64_t kvh = h / group;
+      const float* qh = q_.data() + h * hd;
+      for (int64_t t = 0; t <= pos; ++t) {
+        const float* kt = kc + t * kv_dim + kvh * hd;
+        double s = 0.0;
+        for (int64_t i = 0; i < hd; ++i) s += (double)qh[i] * kt[i];
+        att_[(size_t)t] = (float)s * scale;
+      }
+      ref::softmax(att_.data(), pos + 1);
+      float* out = attn_out_.data() + h * hd;
+      for (int64_t i = 0; i < hd; ++i) {
+        double acc = 0.0;
+        for (int64_t t = 0; t <= pos; ++t) acc += (double)att_[(size_t)t] * vc[t * kv_dim + kvh * hd + i];
+        out[i] = (float)acc;
+      }
+    }
+    matvec(l.wo, attn_out_.data(), proj_.data());
+    for (int64_t i = 0; i < dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
+
+    // --- feed-forward (SwiGLU) ---
+    ref::rmsnorm(xn_.data(), x_.data(), l.ffn_norm.data(), dim, c.rms_eps);
+    matvec(l.w_gate, xn_.data(), gate_.data());
+    matvec(l.w_up, xn_.data(), up_.data());
+    ref::swiglu(ffn_.data(), gate_.data(), up_.data(), c.ffn_dim);
+    matvec(l.w_down, ffn_.data(), proj_.data());
+    for (int64_t i = 0; i < dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
+  }
+  ++n_past_;
+
+  if (!logits.empty()) {
+    ref::rmsnorm(xn_.data(), x_.data(), w.output_norm.data(), dim, c.rms_eps);
+    matvec(w.output, xn_.data(), logits.data());
+  }
+  return {};
+}
+
+}  // namespace serval

@@ -1,0 +1,49 @@
+// The plain, obviously-correct F32 forward pass of the llama family (llama,
+// qwen2), one token at a time, over a contiguous F32 KV cache. It dequantizes
+// weights on the fly (any supported tensor type), accumulates dot products in
+// double, and stays in the tree for good as the reference that faster paths
+// (SIMD kernels, batched engine, paged KV) are tested against.
+//
+// One instance = one sequence. Not thread-safe; uses the optional thread pool
+// (owned by the caller) to split matrix rows.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "model/model.h"
+
+namespace serval {
+
+class ReferenceForward {
+ public:
+  // n_ctx: positions the KV cache holds (1..n_ctx_train is typical; bounded by
+  // the caller). pool may be null.
+  ReferenceForward(const Model& model, int64_t n_ctx, ThreadPool* pool = nullptr);
+
+  // Runs token `token` at position n_past() and appends its K/V; when logits is
+  // non-empty (n_vocab floats) writes the next-token logits there.
+  // Errors: token out of [0, n_vocab), context full.
+  Status eval(int32_t token, std::span<float> logits);
+
+  int64_t n_past() const { return n_past_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  // Forgets positions >= n (rolls the cache back); n <= n_past().
+  void truncate(int64_t n);
+
+ private:
+  void matvec(const Matrix& m, const float* x, float* y);
+
+  const Model& model_;
+  ThreadPool* pool_;
+  int64_t n_ctx_;
+  int64_t n_past_ = 0;
+  std::vector<float> k_cache_, v_cache_;  // [n_layers, n_ctx, kv_dim]
+  // scratch
+  std::vector<float> x_, xn_, q_, k_, v_, att_, attn_out_, proj_, gate_, up_, ffn_;
+};
+
+}  // namespace serval

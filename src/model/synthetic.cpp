@@ -1,0 +1,153 @@
+#include "model/synthetic.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "gguf/gguf_writer.h"
+#include "kernels/ref/quants.h"
+
+namespace serval {
+
+const std::vector<SynthShape>& synth_shapes() {
+  static const std::vector<SynthShape> shapes = {
+      {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048},
+      {"llama-160m", 768, 12, 12, 12, 3072, 2048},
+      {"llama-7b", 4096, 32, 32, 32, 11008, 4096},
+      {"tiny", 256, 2, 4, 2, 512, 512},
+  };
+  return shapes;
+}
+
+Expected<SynthShape> find_synth_shape(const std::string& name) {
+  std::string known;
+  for (const auto& s : synth_shapes()) {
+    if (s.name == name) return s;
+    known += (known.empty() ? "" : ", ") + s.name;
+  }
+  return invalid_argument("unknown shape '" + name + "' (known: " + known + ")");
+}
+
+namespace {
+
+// splitmix64: a tiny, portable, seeded generator (same stream on every machine).
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Fills `n` values ~ N(0, std) from the stream of (seed, tensor_id, row).
+void gaussian_row(uint64_t seed, uint64_t tensor_id, uint64_t row, float std_dev, float* out, int64_t n) {
+  uint64_t s = seed ^ (tensor_id * 0x9e3779b97f4a7c15ull) ^ (row * 0xc2b2ae3d27d4eb4full);
+  for (int64_t i = 0; i < n; i += 2) {
+    const double u1 = ((double)(splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    const double u2 = (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+    const double r = std::sqrt(-2.0 * std::log(u1)) * std_dev;
+    out[i] = (float)(r * std::cos(2.0 * M_PI * u2));
+    if (i + 1 < n) out[i + 1] = (float)(r * std::sin(2.0 * M_PI * u2));
+  }
+}
+
+// llama.cpp's general.file_type (LLAMA_FTYPE_*) for a uniform weight type.
+uint32_t file_type_of(DType t) {
+  switch (t) {
+    case DType::f32: return 0;
+    case DType::f16: return 1;
+    case DType::q4_0: return 2;
+    case DType::q4_1: return 3;
+    case DType::q8_0: return 7;
+    case DType::q5_0: return 8;
+    case DType::q5_1: return 9;
+    case DType::q2_k: return 10;
+    case DType::q3_k: return 12;  // Q3_K_M
+    case DType::q4_k: return 15;  // Q4_K_M
+    case DType::q5_k: return 17;  // Q5_K_M
+    case DType::q6_k: return 18;
+    case DType::iq4_nl: return 25;
+    case DType::bf16: return 32;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& vocab, const std::string& out_path,
+                             ThreadPool* pool) {
+  const SynthShape& s = opt.shape;
+  if (!ref::can_quantize(opt.type))
+    return unsupported("cannot write weights of type " + std::string(dtype_name(opt.type)));
+  auto tr = dtype_traits(opt.type);
+  for (int64_t cols : {s.dim, s.ffn_dim})
+    if (cols % tr->block_size != 0)
+      return invalid_argument("shape '" + s.name + "': row length " + std::to_string(cols) +
+                              " is not a multiple of the " + std::string(tr->name) + " block size " +
+                              std::to_string(tr->block_size));
+  auto tokens = vocab.get_array("tokenizer.ggml.tokens", gguf::ValueType::string);
+  if (!tokens.ok()) return tokens.status().with_context("vocab file");
+  const int64_t n_vocab = (int64_t)(*tokens)->items.size();
+  if (n_vocab < 1) return invalid_file("vocab file: tokenizer.ggml.tokens is empty");
+
+  gguf::GgufWriter w;
+  w.add("general.architecture", "llama");
+  w.add("general.name", "serval-synthetic-" + s.name);
+  w.add("general.file_type", file_type_of(opt.type));
+  w.add("general.quantization_version", uint32_t{2});
+  w.add("llama.context_length", (uint32_t)s.n_ctx);
+  w.add("llama.embedding_length", (uint32_t)s.dim);
+  w.add("llama.block_count", (uint32_t)s.n_layers);
+  w.add("llama.feed_forward_length", (uint32_t)s.ffn_dim);
+  w.add("llama.attention.head_count", (uint32_t)s.n_heads);
+  w.add("llama.attention.head_count_kv", (uint32_t)s.n_kv_heads);
+  w.add("llama.rope.dimension_count", (uint32_t)(s.dim / s.n_heads));
+  w.add("llama.rope.freq_base", 10000.0f);
+  w.add("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add("llama.vocab_size", (uint32_t)n_vocab);
+  for (const auto& kv : vocab.metadata())
+    if (kv.key.rfind("tokenizer.", 0) == 0) w.add(kv.key, kv.value);
+
+  uint64_t tensor_id = 0;
+  const DType type = opt.type;
+  const uint64_t seed = opt.seed;
+  // A [rows, cols] matrix of N(0, 0.02) quantized row by row (rows in parallel).
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+    const uint64_t id = ++tensor_id;
+    w.add_tensor(name, {cols, rows}, type, [=](uint8_t* dst, uint64_t) {
+      const size_t rs = row_size(type, cols);
+      auto work = [&](int64_t b, int64_t e) {
+        std::vector<float> buf((size_t)cols);
+        for (int64_t r = b; r < e; ++r) {
+          gaussian_row(seed, id, (uint64_t)r, 0.02f, buf.data(), cols);
+          ref::quantize_row(type, buf.data(), dst + (size_t)r * rs, cols);
+        }
+      };
+      if (pool) pool->parallel_for(rows, work, 8);
+      else work(0, rows);
+    });
+  };
+  auto ones = [&](const std::string& name, int64_t n) {
+    w.add_tensor(name, {n}, DType::f32, [=](uint8_t* dst, uint64_t bytes) {
+      const float one = 1.0f;
+      for (uint64_t i = 0; i < bytes; i += 4) std::memcpy(dst + i, &one, 4);
+    });
+  };
+  const int64_t head_dim = s.dim / s.n_heads, kv_dim = s.n_kv_heads * head_dim;
+  matrix("token_embd.weight", n_vocab, s.dim);
+  ones("output_norm.weight", s.dim);
+  matrix("output.weight", n_vocab, s.dim);
+  for (int64_t i = 0; i < s.n_layers; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    ones(p + "attn_norm.weight", s.dim);
+    matrix(p + "attn_q.weight", s.dim, s.dim);
+    matrix(p + "attn_k.weight", kv_dim, s.dim);
+    matrix(p + "attn_v.weight", kv_dim, s.dim);
+    matrix(p + "attn_output.weight", s.dim, s.dim);
+    ones(p + "ffn_norm.weight", s.dim);
+    matrix(p + "ffn_gate.weight", s.ffn_dim, s.dim);
+    matrix(p + "ffn_up.weight", s.ffn_dim, s.dim);
+    matrix(p + "ffn_down.weight", s.dim, s.ffn_dim);
+  }
+  return w.write_file(out_path);
+}
+
+}  // namespace serval

@@ -1,0 +1,40 @@
+// Synthetic models: Llama-architecture GGUF files with seeded random weights at
+// real model shapes, carrying the tokenizer of a vocab-only GGUF. They are the
+// benchmark models of the kernels/engine issues (and load in llama.cpp too).
+// The weights are N(0, 0.02) like a fresh Llama init (norms are 1), so the
+// compute is real even though the text is noise.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "gguf/gguf_reader.h"
+#include "tensor/dtype.h"
+
+namespace serval {
+
+struct SynthShape {
+  std::string name;
+  int64_t dim, n_layers, n_heads, n_kv_heads, ffn_dim, n_ctx;
+};
+
+// Known shapes: "tinyllama-1.1b", "llama-160m", "llama-7b", "tiny" (a test-size model).
+const std::vector<SynthShape>& synth_shapes();
+Expected<SynthShape> find_synth_shape(const std::string& name);
+
+struct SynthOptions {
+  SynthShape shape;
+  DType type = DType::f16;  // type of the 2-D weight matrices (norms stay F32)
+  uint64_t seed = 42;
+};
+
+// Writes the model to `out_path`, taking every `tokenizer.*` key of `vocab`.
+// Errors: unsupported type (cannot quantize), row length not a multiple of the
+// type's block size, vocab without tokenizer.ggml.tokens, I/O failure.
+Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& vocab, const std::string& out_path,
+                             ThreadPool* pool = nullptr);
+
+}  // namespace serval
