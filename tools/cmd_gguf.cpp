@@ -1,0 +1,86 @@
+// serval gguf info FILE | serval gguf synth --shape NAME --type TYPE --vocab VOCAB -o OUT
+#include <chrono>
+#include <cstdio>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "common/thread_pool.h"
+#include "gguf/gguf_reader.h"
+#include "model/synthetic.h"
+
+namespace serval::cli {
+namespace {
+
+int gguf_info(const std::string& path, bool all_values) {
+  auto f = gguf::GgufFile::open(path);
+  if (!f.ok()) return fail("serval gguf info", f.status().message());
+  std::printf("file: %s\nversion: %u\nalignment: %u\nsize: %zu bytes\ndata offset: %llu\n", path.c_str(),
+              f->version(), f->alignment(), f->file_size(), (unsigned long long)f->data_offset());
+  std::printf("\nmetadata (%zu keys):\n", f->metadata().size());
+  for (const auto& kv : f->metadata())
+    std::printf("  %-45s %-7s %s\n", kv.key.c_str(), std::string(gguf::value_type_name(kv.value.type())).c_str(),
+                gguf::value_to_string(kv.value, all_values ? (size_t)-1 : 8).c_str());
+  uint64_t total = 0, params = 0;
+  std::printf("\ntensors (%zu):\n", f->tensors().size());
+  for (const auto& t : f->tensors()) {
+    std::string shape;
+    for (size_t i = 0; i < t.dims.size(); ++i) shape += (i ? " x " : "") + std::to_string(t.dims[i]);
+    std::printf("  %-36s %-8s %-22s %12llu bytes @ %llu\n", t.name.c_str(), std::string(dtype_name(t.type)).c_str(),
+                shape.c_str(), (unsigned long long)t.n_bytes, (unsigned long long)t.offset);
+    total += t.n_bytes;
+    params += t.n_elements;
+  }
+  std::printf("\n%llu parameters, %.2f MiB of tensor data (%.2f bits per weight)\n", (unsigned long long)params,
+              (double)total / (1024.0 * 1024.0), params ? 8.0 * (double)total / (double)params : 0.0);
+  return 0;
+}
+
+int gguf_synth(const std::string& shape_name, const std::string& type_name, const std::string& vocab_path,
+               const std::string& out, uint64_t seed, int threads) {
+  const std::string cmd = "serval gguf synth";
+  auto shape = find_synth_shape(shape_name);
+  if (!shape.ok()) return fail(cmd, shape.status().message());
+  auto type = dtype_from_name(type_name);
+  if (!type) return fail(cmd, "unknown type '" + type_name + "' (e.g. f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+  auto vocab = gguf::GgufFile::open(vocab_path);
+  if (!vocab.ok()) return fail(cmd, vocab.status().message());
+  ThreadPool pool(threads > 0 ? threads : ThreadPool::default_threads());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = write_synthetic_model({*shape, *type, seed}, *vocab, out, &pool);
+  if (!st.ok()) return fail(cmd, st.message(), st.code() == StatusCode::io_error ? 1 : 2);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "%s: wrote %s (%s, %s) in %.1f s\n", cmd.c_str(), out.c_str(), shape_name.c_str(),
+               std::string(dtype_name(*type)).c_str(), secs);
+  return 0;
+}
+
+}  // namespace
+
+int cmd_gguf(int argc, char** argv) {
+  CLI::App app("Inspect or synthesize GGUF files", "serval gguf");
+  app.require_subcommand(1);
+  std::string info_path;
+  bool all_values = false;
+  auto* info = app.add_subcommand("info", "print metadata and tensors of a GGUF file");
+  info->add_option("file", info_path, "GGUF file")->required();
+  info->add_flag("--all", all_values, "print arrays in full");
+
+  std::string shape, type = "f16", vocab, out;
+  uint64_t seed = 42;
+  int threads = 0;
+  std::string shapes;
+  for (const auto& s : synth_shapes()) shapes += (shapes.empty() ? "" : ", ") + s.name;
+  auto* synth = app.add_subcommand("synth", "write a Llama GGUF with seeded random weights at a real shape");
+  synth->add_option("--shape", shape, "model shape: " + shapes)->required();
+  synth->add_option("--type", type, "weight type (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, ...)");
+  synth->add_option("--vocab", vocab, "vocab-only GGUF whose tokenizer the model takes")->required();
+  synth->add_option("-o,--output", out, "output file")->required();
+  synth->add_option("--seed", seed, "random seed");
+  synth->add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
+
+  if (auto rc = parse(app, argc, argv)) return *rc;
+  if (*info) return gguf_info(info_path, all_values);
+  return gguf_synth(shape, type, vocab, out, seed, threads);
+}
+
+}  // namespace serval::cli
