@@ -1,0 +1,119 @@
+// The one dispatch point of the reference row conversions (quants.h).
+#include "kernels/ref/quants.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/fp16.h"
+#include "common/status.h"
+#include "kernels/ref/quants_impl.h"
+
+namespace serval::ref {
+namespace {
+
+// Elements per block of t, after checking that n is a whole number of blocks.
+int64_t blocks_in_row(DType t, int64_t n) {
+  const auto tr = dtype_traits(t);
+  SERVAL_ASSERT(tr.has_value());
+  SERVAL_ASSERT(n >= 0 && n % tr->block_size == 0);
+  return n / tr->block_size;
+}
+
+}  // namespace
+
+bool can_dequantize(DType t) {
+  switch (t) {
+    case DType::f32: case DType::f16: case DType::bf16:
+    case DType::q4_0: case DType::q4_1: case DType::q5_0: case DType::q5_1: case DType::q8_0:
+    case DType::q2_k: case DType::q3_k: case DType::q4_k: case DType::q5_k: case DType::q6_k:
+    case DType::iq4_nl:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool can_quantize(DType t) { return can_dequantize(t); }
+
+void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
+  using namespace detail;
+  const int64_t nb = blocks_in_row(t, n);
+  switch (t) {
+    case DType::f32: std::memcpy(dst, src, (size_t)n * sizeof(float)); return;
+    case DType::f16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
+      return;
+    }
+    case DType::bf16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(s[i]);
+      return;
+    }
+    case DType::q4_0: dequantize_q4_0(static_cast<const block_q4_0*>(src), dst, nb); return;
+    case DType::q4_1: dequantize_q4_1(static_cast<const block_q4_1*>(src), dst, nb); return;
+    case DType::q5_0: dequantize_q5_0(static_cast<const block_q5_0*>(src), dst, nb); return;
+    case DType::q5_1: dequantize_q5_1(static_cast<const block_q5_1*>(src), dst, nb); return;
+    case DType::q8_0: dequantize_q8_0(static_cast<const block_q8_0*>(src), dst, nb); return;
+    case DType::iq4_nl: dequantize_iq4_nl(static_cast<const block_iq4_nl*>(src), dst, nb); return;
+    case DType::q2_k: dequantize_q2_K(static_cast<const block_q2_K*>(src), dst, nb); return;
+    case DType::q3_k: dequantize_q3_K(static_cast<const block_q3_K*>(src), dst, nb); return;
+    case DType::q4_k: dequantize_q4_K(static_cast<const block_q4_K*>(src), dst, nb); return;
+    case DType::q5_k: dequantize_q5_K(static_cast<const block_q5_K*>(src), dst, nb); return;
+    case DType::q6_k: dequantize_q6_K(static_cast<const block_q6_K*>(src), dst, nb); return;
+    default: SERVAL_ASSERT(!"dequantize_row: unsupported type (check can_dequantize)");
+  }
+}
+
+void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* imatrix) {
+  using namespace detail;
+  const int64_t nb = blocks_in_row(t, n);
+  switch (t) {
+    case DType::f32: std::memcpy(dst, src, (size_t)n * sizeof(float)); return;
+    case DType::f16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_fp16(src[i]);
+      return;
+    }
+    case DType::bf16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
+      return;
+    }
+    case DType::q4_0: quantize_q4_0(src, static_cast<block_q4_0*>(dst), nb, imatrix); return;
+    case DType::q4_1: quantize_q4_1(src, static_cast<block_q4_1*>(dst), nb, imatrix); return;
+    case DType::q5_0: quantize_q5_0(src, static_cast<block_q5_0*>(dst), nb, imatrix); return;
+    case DType::q5_1: quantize_q5_1(src, static_cast<block_q5_1*>(dst), nb, imatrix); return;
+    case DType::q8_0: quantize_q8_0(src, static_cast<block_q8_0*>(dst), nb); return;
+    case DType::iq4_nl: quantize_iq4_nl(src, static_cast<block_iq4_nl*>(dst), nb, imatrix); return;
+    case DType::q2_k: quantize_q2_K(src, static_cast<block_q2_K*>(dst), nb, imatrix); return;
+    case DType::q3_k: quantize_q3_K(src, static_cast<block_q3_K*>(dst), nb, imatrix); return;
+    case DType::q4_k: quantize_q4_K(src, static_cast<block_q4_K*>(dst), nb, imatrix); return;
+    case DType::q5_k: quantize_q5_K(src, static_cast<block_q5_K*>(dst), nb, imatrix); return;
+    case DType::q6_k: quantize_q6_K(src, static_cast<block_q6_K*>(dst), nb, imatrix); return;
+    default: SERVAL_ASSERT(!"quantize_row: unsupported type (check can_quantize)");
+  }
+}
+
+float dot_row(DType t, const void* row, const float* x, int64_t n) {
+  const auto tr = dtype_traits(t);
+  SERVAL_ASSERT(tr.has_value() && can_dequantize(t));
+  const int64_t bs = tr->block_size;
+  const int64_t nb = blocks_in_row(t, n);
+  // Dequantize a chunk of whole blocks at a time (256 elements covers one block
+  // of every supported type).
+  constexpr int64_t kChunk = 256;
+  const int64_t blocks_per_chunk = bs >= kChunk ? 1 : kChunk / bs;
+  float buf[kChunk];
+  const auto* src = static_cast<const uint8_t*>(row);
+  double sum = 0;
+  for (int64_t b = 0; b < nb; b += blocks_per_chunk) {
+    const int64_t cnt = std::min(blocks_per_chunk, nb - b);
+    dequantize_row(t, src + b * tr->type_size, buf, cnt * bs);
+    const float* xb = x + b * bs;
+    for (int64_t i = 0; i < cnt * bs; ++i) sum += (double)buf[i] * xb[i];
+  }
+  return (float)sum;
+}
+
+}  // namespace serval::ref
