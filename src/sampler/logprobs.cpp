@@ -1,0 +1,60 @@
+#include "sampler/logprobs.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/status.h"
+#include "sampler/logit_processors.h"
+
+namespace serval {
+
+namespace {
+bool better(const TokenLogprob& a, const TokenLogprob& b) {
+  return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
+}
+}  // namespace
+
+void compute_logprobs(std::span<const float> logits, TokenId chosen, int32_t top_n, TokenLogprobs& out) {
+  SERVAL_ASSERT(!logits.empty());
+  SERVAL_ASSERT(chosen >= 0 && static_cast<size_t>(chosen) < logits.size());
+  SERVAL_ASSERT(top_n >= 0);
+  const size_t n = std::min(static_cast<size_t>(top_n), logits.size());
+
+  // Pass 1: max, and the n best (sanitised) logits by insertion into a
+  // small sorted array; `out.top` holds raw logits until pass 2.
+  out.top.clear();
+  out.top.reserve(n);
+  float m = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const TokenLogprob c{static_cast<TokenId>(i), sanitize_logit(logits[i])};
+    m = std::max(m, c.logprob);
+    if (n == 0) continue;
+    if (out.top.size() == n && !better(c, out.top.back())) continue;
+    if (out.top.size() == n) out.top.pop_back();
+    out.top.insert(std::upper_bound(out.top.begin(), out.top.end(), c, better), c);
+  }
+
+  // Pass 2: log-sum-exp; logprob = (l - m) - log(sum exp(l_i - m)), in double.
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  double log_sum = 0.0;
+  if (m != kNegInf) {
+    double sum = 0.0;
+    for (float l : logits) sum += std::exp(sanitize_logit(l) - m);
+    log_sum = std::log(sum);
+  }
+  auto logprob = [&](float l) {
+    if (m == kNegInf || l == kNegInf) return kNegInf;
+    return static_cast<float>((static_cast<double>(l) - m) - log_sum);
+  };
+  for (TokenLogprob& t : out.top) t.logprob = logprob(t.logprob);
+  out.chosen = TokenLogprob{chosen, logprob(sanitize_logit(logits[chosen]))};
+}
+
+TokenLogprobs compute_logprobs(std::span<const float> logits, TokenId chosen, int32_t top_n) {
+  TokenLogprobs out;
+  compute_logprobs(logits, chosen, top_n, out);
+  return out;
+}
+
+}  // namespace serval
