@@ -8,6 +8,7 @@ PKGS=(
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libcli11-dev
   python3 python3-jinja2
+  libpcre2-dev
 )
 
 missing=()
