@@ -1,0 +1,64 @@
+// KvStorage: the memory of the paged KV cache — K and V of every layer for a
+// pool of fixed-size blocks, plus an optional host swap area. The allocator
+// (KvCacheManager) decides which block ids a sequence owns; this class only
+// holds the bytes and moves whole blocks (copy-on-write, swap).
+//
+// Layout (F32): for each layer, K and V are [n_blocks, block_size, kv_dim], so a
+// block's K for one layer is one contiguous block_size * kv_dim run.
+//
+// Allocated once at construction. Written by the runner (engine loop thread)
+// only; not thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "kv_cache/kv_types.h"
+
+namespace serval {
+
+struct KvGeometry {
+  int32_t n_layers = 0;
+  int32_t kv_dim = 0;       // n_kv_heads * head_dim
+  int32_t block_size = 16;  // tokens per block
+
+  // Bytes one block takes across all layers (K and V).
+  size_t bytes_per_block() const { return (size_t)n_layers * 2 * (size_t)block_size * (size_t)kv_dim * sizeof(float); }
+  size_t bytes_per_token() const { return (size_t)n_layers * 2 * (size_t)kv_dim * sizeof(float); }
+};
+
+class KvStorage {
+ public:
+  // Errors: resource_exhausted when the allocation fails.
+  static Expected<KvStorage> create(KvGeometry g, int32_t n_blocks, int32_t n_host_blocks = 0);
+
+  const KvGeometry& geometry() const { return g_; }
+  int32_t n_blocks() const { return n_blocks_; }
+  int32_t n_host_blocks() const { return n_host_blocks_; }
+
+  // K (or V) rows of one block in one layer: [block_size, kv_dim].
+  float* k(int32_t layer, BlockId b) { return data_.data() + offset(layer, 0, b); }
+  float* v(int32_t layer, BlockId b) { return data_.data() + offset(layer, 1, b); }
+  const float* k(int32_t layer, BlockId b) const { return data_.data() + offset(layer, 0, b); }
+  const float* v(int32_t layer, BlockId b) const { return data_.data() + offset(layer, 1, b); }
+
+  void copy_block(BlockId src, BlockId dst);   // all layers, K and V
+  void swap_out(const BlockSwap& s);           // device block -> host slot
+  void swap_in(const BlockSwap& s);            // host slot -> device block
+
+ private:
+  size_t block_floats() const { return (size_t)g_.block_size * (size_t)g_.kv_dim; }
+  size_t offset(int32_t layer, int kv, BlockId b) const {
+    return (((size_t)layer * 2 + (size_t)kv) * (size_t)n_blocks_ + (size_t)b) * block_floats();
+  }
+
+  KvGeometry g_;
+  int32_t n_blocks_ = 0;
+  int32_t n_host_blocks_ = 0;
+  std::vector<float> data_;  // device pool
+  std::vector<float> host_;  // swap area: [n_host_blocks, n_layers, 2, block_size, kv_dim]
+};
+
+}  // namespace serval

@@ -1,0 +1,295 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace serval {
+
+Status Scheduler::validate(const SchedulerConfig& cfg) {
+  if (cfg.max_batch_tokens < 1)
+    return invalid_argument("scheduler max_batch_tokens: expected >= 1, got " + std::to_string(cfg.max_batch_tokens));
+  if (cfg.max_seqs < 1)
+    return invalid_argument("scheduler max_seqs: expected >= 1, got " + std::to_string(cfg.max_seqs));
+  if (cfg.max_model_len < 2)
+    return invalid_argument("scheduler max_model_len: expected >= 2, got " + std::to_string(cfg.max_model_len));
+  if (!(cfg.aging_per_step >= 0.0) || !std::isfinite(cfg.aging_per_step))
+    return invalid_argument("scheduler aging_per_step: expected a finite value >= 0, got " +
+                            std::to_string(cfg.aging_per_step));
+  return {};
+}
+
+Scheduler::Scheduler(SchedulerConfig cfg, KvCacheManager* kv) : cfg_(cfg), kv_(kv) {
+  SERVAL_ASSERT(kv_ != nullptr);
+  SERVAL_ASSERT(validate(cfg_).ok());
+}
+
+Scheduler::Seq& Scheduler::get(SeqId id) {
+  auto it = seqs_.find(id);
+  SERVAL_ASSERT(it != seqs_.end());
+  return it->second;
+}
+
+const Scheduler::Seq& Scheduler::get(SeqId id) const {
+  auto it = seqs_.find(id);
+  SERVAL_ASSERT(it != seqs_.end());
+  return it->second;
+}
+
+Scheduler::SeqState Scheduler::state(SeqId seq) const { return get(seq).state; }
+const std::vector<TokenId>& Scheduler::tokens(SeqId seq) const { return get(seq).tokens; }
+int64_t Scheduler::num_computed(SeqId seq) const { return get(seq).num_computed; }
+bool Scheduler::length_reached(SeqId seq) const { return done(get(seq)); }
+
+void Scheduler::erase_id(std::vector<SeqId>* v, SeqId id) {
+  auto it = std::find(v->begin(), v->end(), id);
+  if (it != v->end()) v->erase(it);
+}
+
+bool Scheduler::more_important(const Seq& a, const Seq& b) const {
+  const double ea = a.priority - cfg_.aging_per_step * static_cast<double>(a.steps_waited);
+  const double eb = b.priority - cfg_.aging_per_step * static_cast<double>(b.steps_waited);
+  if (ea != eb) return ea < eb;
+  return a.arrival < b.arrival;  // unique: a strict total order
+}
+
+std::vector<SeqId> Scheduler::by_importance(const std::vector<SeqId>& ids) const {
+  std::vector<const Seq*> v;
+  v.reserve(ids.size());
+  for (SeqId id : ids) v.push_back(&get(id));
+  std::sort(v.begin(), v.end(), [this](const Seq* a, const Seq* b) { return more_important(*a, *b); });
+  std::vector<SeqId> out;
+  out.reserve(v.size());
+  for (const Seq* s : v) out.push_back(s->id);
+  return out;
+}
+
+Status Scheduler::add(SeqRequest r) {
+  const std::string where = "request seq " + std::to_string(r.seq) + ": ";
+  if (seqs_.count(r.seq)) return invalid_argument(where + "seq id already in use");
+  const auto n_prompt = static_cast<int64_t>(r.prompt.size());
+  if (n_prompt == 0) return invalid_argument(where + "prompt: expected >= 1 token, got 0");
+  if (r.max_total_tokens <= n_prompt || r.max_total_tokens > cfg_.max_model_len)
+    return invalid_argument(where + "max_total_tokens: expected " + std::to_string(n_prompt + 1) + ".." +
+                            std::to_string(cfg_.max_model_len) + ", got " + std::to_string(r.max_total_tokens));
+  // The newest sampled token never needs K/V: max_total_tokens - 1 positions.
+  const int64_t n_positions = r.max_total_tokens - 1;
+  const int64_t n_blocks = kv_->blocks_for(n_positions);
+  if (n_blocks > kv_->n_blocks())
+    return invalid_argument(where + "max_total_tokens " + std::to_string(r.max_total_tokens) + " needs " +
+                            std::to_string(n_blocks) + " KV blocks, the pool has " + std::to_string(kv_->n_blocks()));
+  if (!cfg_.enable_chunked_prefill && n_positions > cfg_.max_batch_tokens)
+    return invalid_argument(where + "max_total_tokens - 1 = " + std::to_string(n_positions) +
+                            " exceeds max_batch_tokens " + std::to_string(cfg_.max_batch_tokens) +
+                            " (chunked prefill off)");
+  Seq s;
+  s.id = r.seq;
+  s.tokens = std::move(r.prompt);
+  s.priority = r.priority;
+  s.max_total_tokens = r.max_total_tokens;
+  s.key = r.prefix_key;
+  s.arrival = next_arrival_++;
+  s.state = SeqState::waiting;
+  seqs_.emplace(s.id, std::move(s));
+  waiting_.push_back(r.seq);
+  return {};
+}
+
+void Scheduler::fork(SeqId parent, SeqId child) {
+  const Seq& p = get(parent);
+  SERVAL_ASSERT(p.state == SeqState::running);
+  SERVAL_ASSERT(!seqs_.count(child));
+  Seq c = p;
+  c.id = child;
+  c.arrival = next_arrival_++;
+  c.scheduled_step = UINT64_MAX;
+  kv_->fork(parent, child);
+  seqs_.emplace(child, std::move(c));
+  running_.push_back(child);
+}
+
+void Scheduler::fork(SeqId parent, SeqId child, TokenId last_token) {
+  fork(parent, child);
+  set_last_token(child, last_token);
+}
+
+void Scheduler::set_last_token(SeqId seq, TokenId token) {
+  Seq& s = get(seq);
+  // Only the newest token may change: it has no K/V yet.
+  SERVAL_ASSERT(!s.tokens.empty() && s.num_computed == static_cast<int64_t>(s.tokens.size()) - 1);
+  s.tokens.back() = token;
+}
+
+int64_t Scheduler::num_cached_prompt_tokens(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return 0;
+  return std::max<int64_t>(0, it->second.cached_prompt_tokens);
+}
+
+void Scheduler::finish(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  switch (it->second.state) {
+    case SeqState::waiting: erase_id(&waiting_, seq); break;
+    case SeqState::running: erase_id(&running_, seq); break;
+    case SeqState::swapped: erase_id(&swapped_, seq); break;
+  }
+  kv_->free(seq);
+  seqs_.erase(it);
+}
+
+void Scheduler::preempt(Seq& v, SchedulerOutput* out) {
+  SERVAL_ASSERT(v.state == SeqState::running);
+  ++n_preemptions_;
+  out->preempted.push_back(v.id);
+  erase_id(&running_, v.id);
+  if (cfg_.preemption == SchedulerConfig::Preemption::swap && kv_->can_swap_out(v.id)) {
+    kv_->swap_out(v.id, &out->swap_out);
+    v.state = SeqState::swapped;
+    swapped_.push_back(v.id);
+  } else {
+    kv_->free(v.id);
+    v.num_computed = 0;
+    v.state = SeqState::waiting;
+    waiting_.push_back(v.id);
+  }
+}
+
+void Scheduler::emit(Seq& s, int64_t n_tokens, SchedulerOutput* out) {
+  ScheduledSeq ss;
+  ss.seq = s.id;
+  ss.start_pos = s.num_computed;
+  ss.n_tokens = static_cast<int32_t>(n_tokens);
+  ss.tokens.assign(s.tokens.begin() + s.num_computed, s.tokens.begin() + s.num_computed + n_tokens);
+  const auto table = kv_->block_table(s.id);
+  ss.block_table.assign(table.begin(), table.end());
+  ss.needs_logits = s.num_computed + n_tokens == static_cast<int64_t>(s.tokens.size());
+  out->n_tokens += ss.n_tokens;
+  out->seqs.push_back(std::move(ss));
+  s.scheduled_step = step_;
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  out.step = step_;
+  int64_t budget = cfg_.max_batch_tokens;
+  const auto max_seqs = static_cast<size_t>(cfg_.max_seqs);
+
+  // 1 + 2: running seqs, decodes first, then prefill chunks.
+  const std::vector<SeqId> order = by_importance(running_);
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool decodes = pass == 0;
+    for (SeqId id : order) {
+      if (budget == 0 || out.seqs.size() >= max_seqs) break;
+      Seq& s = get(id);
+      if (s.state != SeqState::running || s.scheduled_step == step_ || done(s)) continue;
+      const int64_t gap = static_cast<int64_t>(s.tokens.size()) - s.num_computed;
+      if (gap <= 0 || decodes != (gap == 1)) continue;
+      const int64_t chunk = std::min(gap, budget);
+      if (!cfg_.enable_chunked_prefill && chunk < gap) continue;
+      // Make room: preempt the least important running seq not yet scheduled
+      // in this step, until this one fits or is itself the victim.
+      while (!kv_->can_allocate(id, s.num_computed + chunk, s.num_computed)) {
+        Seq* victim = nullptr;
+        for (auto it = order.rbegin(); it != order.rend(); ++it) {
+          Seq& c = get(*it);
+          if (c.state == SeqState::running && c.scheduled_step != step_) {
+            victim = &c;
+            break;
+          }
+        }
+        SERVAL_ASSERT(victim != nullptr);  // s itself qualifies
+        preempt(*victim, &out);
+        if (victim == &s) break;
+      }
+      if (s.state != SeqState::running) continue;
+      const bool ok = kv_->allocate(id, s.num_computed + chunk, s.num_computed, &out.copies);
+      SERVAL_ASSERT(ok);
+      emit(s, chunk, &out);
+      budget -= chunk;
+    }
+  }
+
+  // 3: admit waiting and swapped-out seqs, unless memory was short this step.
+  std::vector<SeqId> admitted;
+  if (out.preempted.empty()) {
+    std::vector<SeqId> pending = waiting_;
+    pending.insert(pending.end(), swapped_.begin(), swapped_.end());
+    for (SeqId id : by_importance(pending)) {
+      if (budget == 0 || out.seqs.size() >= max_seqs || running_.size() >= max_seqs) break;
+      Seq& s = get(id);
+      if (done(s)) continue;  // waits for finish()
+      const auto n = static_cast<int64_t>(s.tokens.size());
+      const size_t n_copies = out.copies.size();
+      if (s.state == SeqState::swapped) {
+        const int64_t gap = n - s.num_computed;
+        const int64_t chunk = std::min(gap, budget);
+        if (gap <= 0) continue;
+        if (!cfg_.enable_chunked_prefill && chunk < gap) break;
+        if (!kv_->can_swap_in(id, s.num_computed + chunk)) break;
+        kv_->swap_in(id, &out.swap_in);
+        const bool ok = kv_->allocate(id, s.num_computed + chunk, s.num_computed, &out.copies);
+        SERVAL_ASSERT(ok);
+        s.state = SeqState::running;
+        emit(s, chunk, &out);
+        budget -= chunk;
+      } else {
+        SERVAL_ASSERT(s.num_computed == 0);
+        const int64_t hit = kv_->find_cached_prefix(s.tokens, s.key);
+        const int64_t gap = n - hit;
+        const int64_t chunk = std::min(gap, budget);
+        if (!cfg_.enable_chunked_prefill && chunk < gap) break;
+        if (!kv_->can_admit(s.tokens, s.key, hit + chunk)) break;
+        const int64_t got = kv_->acquire_cached_prefix(id, s.tokens, s.key);
+        SERVAL_ASSERT(got == hit);
+        s.num_computed = hit;
+        if (s.cached_prompt_tokens < 0) s.cached_prompt_tokens = hit;
+        const bool ok = kv_->allocate(id, hit + chunk, hit, &out.copies);
+        SERVAL_ASSERT(ok);
+        s.state = SeqState::running;
+        emit(s, chunk, &out);
+        budget -= chunk;
+      }
+      // Admitted seqs write only blocks they own alone: no copy-on-write here,
+      // which keeps the copies-before-swap_in order of the runner safe.
+      SERVAL_ASSERT(out.copies.size() == n_copies);
+      running_.push_back(id);
+      admitted.push_back(id);
+    }
+  }
+  for (SeqId id : admitted) {
+    erase_id(&waiting_, id);
+    erase_id(&swapped_, id);
+  }
+  // Aging: every seq with work to do that got none in this step.
+  for (SeqId id : waiting_) ++get(id).steps_waited;
+  for (SeqId id : swapped_) ++get(id).steps_waited;
+  for (SeqId id : running_) {
+    Seq& s = get(id);
+    if (s.scheduled_step != step_ && !done(s) && s.num_computed < static_cast<int64_t>(s.tokens.size()))
+      ++s.steps_waited;
+  }
+  ++step_;
+  return out;
+}
+
+void Scheduler::update(const SchedulerOutput& out, std::span<const std::pair<SeqId, TokenId>> sampled) {
+  for (const ScheduledSeq& ss : out.seqs) {
+    auto it = seqs_.find(ss.seq);
+    if (it == seqs_.end() || it->second.state != SeqState::running) continue;  // finished meanwhile
+    Seq& s = it->second;
+    SERVAL_ASSERT(ss.start_pos == s.num_computed);
+    s.num_computed += ss.n_tokens;
+    SERVAL_ASSERT(s.num_computed <= static_cast<int64_t>(s.tokens.size()));
+    kv_->cache_full_blocks(s.id, s.tokens, s.num_computed, s.key);
+  }
+  for (const auto& [id, token] : sampled) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    Seq& s = it->second;
+    SERVAL_ASSERT(s.state == SeqState::running && s.num_computed == static_cast<int64_t>(s.tokens.size()));
+    s.tokens.push_back(token);
+  }
+}
+
+}  // namespace serval

@@ -1,0 +1,162 @@
+// Scheduler: continuous batching over a paged KV cache (vLLM v1 style).
+//
+// No prefill/decode modes (DESIGN.md principle 2): a sequence knows its tokens
+// (prompt + generated) and num_computed, the count of leading tokens whose K/V
+// are in the cache; each step the scheduler hands out part of the gap under a
+// token budget (max_batch_tokens) and a sequence cap (max_seqs). A decode is a
+// gap of 1 (the newest sampled token); a prompt is a larger gap, split across
+// steps (chunked prefill); a prefix-cache hit simply starts num_computed past 0.
+//
+// One step, schedule():
+//   1. running seqs with a gap of 1 (decodes), most important first;
+//   2. running seqs with a larger gap (prefills under way), most important first,
+//      each a chunk of min(gap, budget left);
+//   3. unless this step preempted anything: waiting and swapped-out seqs, most
+//      important first (swapped ones are swapped in), each a chunk of
+//      min(gap, budget left), while they fit; the first that does not fit in
+//      the KV pool stops admission (no overtaking).
+// A running seq that cannot get the blocks for its chunk preempts the least
+// important running seq not yet scheduled in this step (possibly itself):
+// recompute (its blocks are freed, num_computed restarts at its prefix-cache
+// hit; generated tokens are kept and re-prefilled) or, with Preemption::swap
+// and host blocks free, swap (its blocks go to host memory and come back later
+// with num_computed intact). Importance: lower effective priority value first,
+// then earlier arrival (add()/fork() order). Decisions depend only on the calls
+// made, so equal call sequences give equal SchedulerOutputs.
+//
+// Ownership and threads: single-threaded; the engine loop thread owns the
+// Scheduler and the KvCacheManager it is given (which must outlive it) and
+// makes every call. The SchedulerOutput is a plain value for the runner; apply
+// its swap_out, copies (in order), swap_in lists in that order before the
+// forward pass (kv_cache_manager.h).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "kv_cache/kv_cache_manager.h"
+#include "kv_cache/kv_types.h"
+#include "scheduler/scheduler_output.h"
+#include "serval/types.h"
+
+namespace serval {
+
+struct SchedulerConfig {
+  int32_t max_batch_tokens = 2048;  // token budget of one step
+  int32_t max_seqs = 64;            // at most this many seqs in one step and running at once
+  int64_t max_model_len = 2048;     // bound on a request's max_total_tokens
+  // Off: a waiting seq is only admitted when its whole gap fits in the budget
+  // left (requests whose max_total_tokens - 1 exceeds max_batch_tokens are
+  // then rejected by add(), as they could not be recomputed after preemption).
+  bool enable_chunked_prefill = true;
+  enum class Preemption { recompute, swap } preemption = Preemption::recompute;
+  // Aging: every step in which a seq has tokens to compute but gets none
+  // (waiting, swapped out, or running but left out by the budget or the seq
+  // cap) lowers its effective priority value by aging_per_step; the steps
+  // count over its whole life, across preemptions. Effective priority =
+  // priority - aging_per_step * steps_waited orders admission, the running
+  // seqs' claim on the budget, and the choice of preemption victims, so with
+  // aging_per_step > 0 every request eventually outranks any newcomer and
+  // nothing starves. 0 = strict priority (FCFS within a priority).
+  double aging_per_step = 0.0;
+};
+
+struct SeqRequest {
+  SeqId seq = 0;
+  std::vector<TokenId> prompt;
+  int32_t priority = 0;           // lower value = more important (as in vLLM)
+  int64_t max_total_tokens = 0;   // prompt + max new tokens; > prompt.size(), <= max_model_len
+  PrefixKey prefix_key;
+};
+
+class Scheduler {
+ public:
+  enum class SeqState { waiting, running, swapped };
+
+  static Status validate(const SchedulerConfig& cfg);
+  // cfg must be valid (asserted); kv is not owned.
+  Scheduler(SchedulerConfig cfg, KvCacheManager* kv);
+
+  // Validates and queues a request: invalid_argument for a duplicate seq id, an
+  // empty prompt, max_total_tokens out of (prompt.size(), max_model_len], more
+  // KV blocks than the whole pool, or (chunked prefill off) more than
+  // max_batch_tokens tokens to prefill. Anything accepted can run alone.
+  Status add(SeqRequest r);
+
+  // n > 1 samples: after update() appended the parent's first sampled token,
+  // child starts running with the parent's tokens, num_computed and blocks
+  // (shared, copy-on-write). The second form replaces the child's newest token
+  // (not yet computed) with its own sample. Parent must be running.
+  void fork(SeqId parent, SeqId child);
+  void fork(SeqId parent, SeqId child, TokenId last_token);
+  // Replaces seq's newest token, which must not be computed yet (num_computed
+  // == tokens.size() - 1): a forked child's own first sample.
+  void set_last_token(SeqId seq, TokenId token);
+
+  SchedulerOutput schedule();
+
+  // After the runner executed `out`: each scheduled seq's num_computed
+  // advances by its n_tokens and its newly full blocks enter the prefix cache;
+  // then each {seq, token} in `sampled` (seqs whose chunk had needs_logits) is
+  // appended to that seq's tokens. Seqs finished since schedule() are skipped.
+  void update(const SchedulerOutput& out, std::span<const std::pair<SeqId, TokenId>> sampled);
+
+  // Stop, length or cancel, in any state: forgets the seq and frees its blocks
+  // (device or host). A seq whose tokens reached max_total_tokens is never
+  // scheduled again; the engine finishes it (finish reason: length).
+  void finish(SeqId seq);
+
+  bool has_unfinished() const { return !seqs_.empty(); }
+  size_t n_waiting() const { return waiting_.size(); }  // incl. preempted by recompute
+  size_t n_running() const { return running_.size(); }
+  size_t n_swapped() const { return swapped_.size(); }
+  bool contains(SeqId seq) const { return seqs_.count(seq) != 0; }
+  SeqState state(SeqId seq) const;
+  const std::vector<TokenId>& tokens(SeqId seq) const;
+  int64_t num_computed(SeqId seq) const;
+  bool length_reached(SeqId seq) const;  // tokens.size() >= max_total_tokens
+  // Prompt tokens served by the prefix cache at the seq's first admission (a
+  // forked child inherits its parent's count); 0 for an unknown seq.
+  int64_t num_cached_prompt_tokens(SeqId seq) const;
+  int64_t n_preemptions() const { return n_preemptions_; }
+  uint64_t n_steps() const { return step_; }
+  const SchedulerConfig& config() const { return cfg_; }
+
+ private:
+  struct Seq {
+    SeqId id = 0;
+    std::vector<TokenId> tokens;  // prompt + generated
+    int64_t num_computed = 0;
+    int32_t priority = 0;
+    int64_t max_total_tokens = 0;
+    PrefixKey key;
+    int64_t cached_prompt_tokens = -1;  // -1 until first admitted
+    uint64_t arrival = 0;       // add()/fork() order
+    int64_t steps_waited = 0;   // steps with work to do but none scheduled, for aging
+    SeqState state = SeqState::waiting;
+    uint64_t scheduled_step = UINT64_MAX;  // the step it was last scheduled in
+  };
+
+  Seq& get(SeqId id);
+  const Seq& get(SeqId id) const;
+  bool more_important(const Seq& a, const Seq& b) const;
+  std::vector<SeqId> by_importance(const std::vector<SeqId>& ids) const;
+  bool done(const Seq& s) const { return static_cast<int64_t>(s.tokens.size()) >= s.max_total_tokens; }
+  void preempt(Seq& victim, SchedulerOutput* out);
+  void emit(Seq& s, int64_t n_tokens, SchedulerOutput* out);
+  static void erase_id(std::vector<SeqId>* v, SeqId id);
+
+  SchedulerConfig cfg_;
+  KvCacheManager* kv_;
+  std::unordered_map<SeqId, Seq> seqs_;  // lookup only, never iterated
+  std::vector<SeqId> waiting_, running_, swapped_;  // insertion order
+  uint64_t step_ = 0;
+  uint64_t next_arrival_ = 0;
+  int64_t n_preemptions_ = 0;
+};
+
+}  // namespace serval

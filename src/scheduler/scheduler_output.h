@@ -1,0 +1,40 @@
+// SchedulerOutput: the decision of one engine step, as a plain value that can
+// be logged, diffed and unit-tested (DESIGN.md). The scheduler produces it;
+// the runner (engine/) executes it and never looks at queues or the allocator.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kv_cache/kv_types.h"
+#include "serval/types.h"
+
+namespace serval {
+
+// One sequence's share of the step: compute tokens[start_pos, start_pos + n_tokens)
+// of the sequence, whose K/V go to (and are read from) `block_table`.
+struct ScheduledSeq {
+  SeqId seq = 0;
+  int64_t start_pos = 0;              // == the sequence's num_computed_tokens before the step
+  int32_t n_tokens = 0;               // >= 1
+  std::vector<TokenId> tokens;        // the n_tokens token ids to feed
+  std::vector<BlockId> block_table;   // covers positions [0, start_pos + n_tokens)
+  bool needs_logits = false;          // the chunk reaches the end of the known tokens: sample after it
+};
+
+struct SchedulerOutput {
+  uint64_t step = 0;
+  std::vector<ScheduledSeq> seqs;     // decodes first, then prefill chunks
+  // Block moves, all before the forward pass. swap_out first: a block released
+  // by preemption may be handed out again in the same step. Then copies (in
+  // list order) and swap_in, in either order: swap_in only happens in steps
+  // without preemption, so no swap_in block is a copy's source or target.
+  // Whenever preempted (hence swap_out) is non-empty, seqs is non-empty too.
+  std::vector<BlockCopy> copies;      // copy-on-write
+  std::vector<BlockSwap> swap_out;    // device -> host
+  std::vector<BlockSwap> swap_in;     // host -> device
+  std::vector<SeqId> preempted;       // sequences preempted in this step (not in `seqs`)
+  int32_t n_tokens = 0;               // sum of seqs[i].n_tokens (<= the token budget)
+};
+
+}  // namespace serval
