@@ -1,6 +1,6 @@
 // serval run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [-t THREADS]
 //
-// Single-sequence generation on the reference forward pass: streams text to
+// Single-request generation through the engine (paged KV, batched forward): streams text to
 // stdout as it is generated, prints prompt and generation speed on stderr.
 #include <chrono>
 #include <cstdio>
@@ -11,10 +11,7 @@
 #include "commands.h"
 #include "common/thread_pool.h"
 #include "model/model.h"
-#include "model/reference_forward.h"
-#include "sampler/sampler.h"
-#include "sampler/stop_conditions.h"
-#include "sampler/stop_matcher.h"
+#include "serval/engine.h"
 #include "tokenizer/tokenizer.h"
 
 namespace serval::cli {
@@ -27,6 +24,7 @@ int cmd_run(int argc, char** argv) {
   float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, typical_p = 1.0f, repeat_penalty = 1.0f;
   float freq_penalty = 0.0f, presence_penalty = 0.0f;
   int repeat_last_n = 64;
+  std::string kv_memory = "1G";
   std::optional<uint64_t> seed;
   std::vector<std::string> stops;
   bool ignore_eos = false, no_bos = false, verbose_prompt = false;
@@ -53,6 +51,7 @@ int cmd_run(int argc, char** argv) {
   app.add_flag("--ignore-eos", ignore_eos, "keep generating after EOS");
   app.add_flag("--no-bos", no_bos, "do not add BOS even if the model asks for it");
   app.add_flag("--verbose-prompt", verbose_prompt, "print the prompt's tokens on stderr");
+  app.add_option("--kv-memory", kv_memory, "KV cache pool: bytes (512M, 2G) or a fraction of free RAM");
   app.add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
   if (auto rc = parse(app, argc, argv)) return *rc;
 
@@ -66,7 +65,8 @@ int cmd_run(int argc, char** argv) {
 
   auto model = Model::load(model_path);
   if (!model.ok()) return fail(cmd, model.status().message());
-  const Model& m = **model;
+  std::shared_ptr<const Model> shared_model(std::move(model.value()));
+  const Model& m = *shared_model;
   auto tok = Tokenizer::from_gguf(m.file());
   if (!tok.ok()) return fail(cmd, tok.status().message());
   if (tok->n_vocab() != m.config().n_vocab)
@@ -89,8 +89,7 @@ int cmd_run(int argc, char** argv) {
   sp.logprobs = logprobs;
   if (n_predict >= 0) sp.max_tokens = n_predict;
   if (n_predict == 0) return 0;
-  auto sampler = Sampler::create(sp, (int32_t)m.config().n_vocab);
-  if (!sampler.ok()) return fail(cmd, sampler.status().message());
+  if (Status st = sp.validate((int32_t)m.config().n_vocab); !st.ok()) return fail(cmd, st.message());
 
   std::vector<TokenId> tokens = tok->encode(prompt, /*add_special=*/!no_bos, /*parse_special=*/true);
   if (no_bos && !tokens.empty() && tokens.front() == tok->bos()) tokens.erase(tokens.begin());
@@ -103,12 +102,17 @@ int cmd_run(int argc, char** argv) {
     for (TokenId t : tokens) std::fprintf(stderr, "%6d -> '%s'\n", t, tok->token_to_piece(t, true).c_str());
   }
 
-  ThreadPool pool(threads > 0 ? threads : ThreadPool::default_threads());
-  ReferenceForward fwd(m, n_ctx, &pool);
-  std::vector<float> logits((size_t)m.config().n_vocab);
-  std::vector<TokenId> eog;
-  for (TokenId t = 0; t < tok->n_vocab(); ++t)
-    if (tok->is_eog(t)) eog.push_back(t);
+  EngineConfig ec;
+  ec.n_threads = threads;
+  ec.max_model_len = n_ctx;
+  auto kvb = parse_kv_memory(kv_memory);
+  if (!kvb.ok()) return fail(cmd, kvb.status().message());
+  // A single sequence never needs more than its context's worth of blocks.
+  ec.kv_memory_bytes = std::min<size_t>(*kvb, (size_t)(n_ctx + 64) * (size_t)m.config().n_layers * 2 *
+                                                  (size_t)m.config().kv_dim() * sizeof(float));
+  const int64_t prompt_len = (int64_t)tokens.size();
+  auto engine = Engine::create(shared_model, *tok, ec);
+  if (!engine.ok()) return fail(cmd, engine.status().message());
 
   // The prompt text is echoed as the user typed it; generated text follows.
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
@@ -116,60 +120,41 @@ int cmd_run(int argc, char** argv) {
 
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    Status st = fwd.eval(tokens[i], i + 1 == tokens.size() ? std::span<float>(logits) : std::span<float>());
-    if (!st.ok()) return fail(cmd, st.message(), 1);
-  }
-  const auto t1 = clock::now();
-
-  StreamingDetokenizer detok(*tok);
-  StopMatcher stop(sp.stop);
-  std::string out;
-  int32_t n_gen = 0;
+  Request req;
+  req.prompt = std::move(tokens);
+  req.params = sp;
+  auto stream = (*engine)->submit(std::move(req));
+  if (!stream.ok()) return fail(cmd, stream.status().message());
+  OutputEvent ev;
+  auto t1 = t0;
+  int64_t n_gen = 0;
   FinishReason reason = FinishReason::none;
-  while (reason == FinishReason::none) {
-    const TokenId next = sampler->sample(logits, tokens);
-    if (logprobs > 0) {
-      TokenLogprobs lp = compute_logprobs(logits, next, logprobs);
-      std::fprintf(stderr, "[%d %.4f |", next, lp.chosen.logprob);
+  while ((*stream)->next(&ev)) {
+    if (!ev.error.ok()) return fail(cmd, ev.error.message(), 1);
+    if (n_gen == 0) t1 = clock::now();
+    n_gen += (int64_t)ev.tokens.size();
+    for (const auto& lp : ev.logprobs) {
+      std::fprintf(stderr, "[%d %.4f |", lp.chosen.token, lp.chosen.logprob);
       for (const auto& t : lp.top) std::fprintf(stderr, " %d:%.4f", t.token, t.logprob);
       std::fprintf(stderr, "]\n");
     }
-    tokens.push_back(next);
-    ++n_gen;
-    reason = check_token_stop(sp, next, n_gen, eog);
-    // A stop token (EOS, stop_token_ids) ends generation without being shown.
-    if (reason != FinishReason::stop) {
-      out.clear();
-      if (stop.feed(detok.push(next), out)) reason = FinishReason::stop;
-      std::fwrite(out.data(), 1, out.size(), stdout);
-      std::fflush(stdout);
-    }
-    if (reason != FinishReason::none) break;
-    if (fwd.n_past() >= n_ctx) {
-      reason = FinishReason::length;
-      break;
-    }
-    Status st = fwd.eval(next, logits);
-    if (!st.ok()) return fail(cmd, st.message(), 1);
-  }
-  if (!stop.stopped()) {
-    out = detok.flush();
-    std::string tail;
-    if (!stop.feed(out, tail)) stop.finish(tail);
-    std::fwrite(tail.data(), 1, tail.size(), stdout);
+    std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+    std::fflush(stdout);
+    if (ev.finish != FinishReason::none) reason = ev.finish;
   }
   std::fputc('\n', stdout);
   std::fflush(stdout);
   const auto t2 = clock::now();
+  // The first token arrives after the prompt's prefill: that time is the prompt's.
   const double pp = std::chrono::duration<double>(t1 - t0).count();
   const double tg = std::chrono::duration<double>(t2 - t1).count();
+  const int64_t n_tg = std::max<int64_t>(n_gen - 1, 0);
   std::fprintf(stderr,
-               "\nprompt: %zu tokens in %.3f s (%.1f tok/s) | generation: %d tokens in %.3f s (%.1f tok/s) | "
-               "finish: %s | threads: %d | seed: %llu\n",
-               tokens.size() - (size_t)n_gen, pp, (double)(tokens.size() - (size_t)n_gen) / std::max(pp, 1e-9), n_gen,
-               tg, n_gen / std::max(tg, 1e-9), finish_reason_name(reason), pool.n_threads(),
-               (unsigned long long)sampler->seed());
+               "\nprompt: %lld tokens in %.3f s (%.1f tok/s) | generation: %lld tokens in %.3f s (%.1f tok/s) | "
+               "finish: %s | threads: %d\n",
+               (long long)prompt_len, pp, (double)prompt_len / std::max(pp, 1e-9), (long long)n_gen, tg,
+               (double)n_tg / std::max(tg, 1e-9), finish_reason_name(reason),
+               threads > 0 ? threads : ThreadPool::default_threads());
   return 0;
 }
 

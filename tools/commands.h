@@ -8,5 +8,6 @@ namespace serval::cli {
 int cmd_run(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_gguf(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 
 }  // namespace serval::cli

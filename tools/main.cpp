@@ -15,6 +15,7 @@ void usage(FILE* f) {
                "  run        generate text from a prompt (streams to stdout)\n"
                "  tokenize   print the token ids (and pieces) of a text\n"
                "  gguf       inspect (info) or synthesize (synth) GGUF files\n"
+               "  bench      benchmarks (throughput: the engine under concurrent load)\n"
                "\n"
                "Run 'serval <command> --help' for the options of a command.\n");
 }
@@ -23,7 +24,7 @@ void usage(FILE* f) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    usage(stderr);
+    std::fprintf(stderr, "serval: missing command (usage: serval <command> [options]; see 'serval --help')\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return serval::cli::cmd_run(argc - 1, argv + 1);
   if (cmd == "tokenize") return serval::cli::cmd_tokenize(argc - 1, argv + 1);
   if (cmd == "gguf") return serval::cli::cmd_gguf(argc - 1, argv + 1);
+  if (cmd == "bench") return serval::cli::cmd_bench(argc - 1, argv + 1);
   std::fprintf(stderr, "serval: unknown command '%s' (see 'serval --help')\n", cmd.c_str());
   return 2;
 }

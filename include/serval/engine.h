@@ -1,0 +1,135 @@
+// serval's engine API: many requests share one model and one paged KV pool,
+// join and leave the running batch at every step (continuous batching), and
+// reuse each other's prompt prefixes.
+//
+// Threads: submit()/cancel()/stats() may be called from any thread. One engine
+// loop thread owns the scheduler, the KV cache and the model forward; requests
+// reach it through an inbox and results come back through each request's
+// RequestStream (a thread-safe queue). Nothing the loop owns is touched by
+// caller threads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "sampler/logprobs.h"
+#include "sampler/stop_conditions.h"
+#include "serval/sampling_params.h"
+#include "serval/types.h"
+
+namespace serval {
+
+class Model;
+class Tokenizer;
+
+struct EngineConfig {
+  int n_threads = 0;                    // 0: physical cores
+  size_t kv_memory_bytes = 256u << 20;  // device KV pool; see parse_kv_memory()
+  size_t swap_memory_bytes = 0;         // host swap space for preemption by swapping (0: recompute only)
+  int32_t block_size = 16;              // tokens per KV block
+  int32_t max_batch_tokens = 512;       // token budget of one step
+  int32_t max_seqs = 64;                // sequences in one step
+  int64_t max_model_len = 0;            // context per sequence; 0: the model's (at most 4096)
+  bool enable_prefix_caching = true;
+  bool enable_chunked_prefill = true;
+  double aging_per_step = 0.01;         // priority aging (see scheduler)
+  int32_t max_n = 16;                   // bound on Request::n
+};
+
+// Parses --kv-memory: bytes with an optional K/M/G/T suffix ("512M", "2G",
+// "1073741824") or a fraction of the available RAM ("0.25"). Errors name the text.
+Expected<size_t> parse_kv_memory(const std::string& text);
+
+struct Request {
+  std::vector<TokenId> prompt;  // token ids (BOS included if wanted)
+  SamplingParams params;
+  int32_t n = 1;                // parallel samples; they share the prompt's KV blocks
+  int32_t priority = 0;         // lower = more important (vLLM convention)
+  uint64_t tenant_salt = 0;     // prefix-cache isolation between tenants
+};
+
+struct OutputEvent {
+  int32_t index = 0;                    // which sample, [0, n)
+  std::vector<TokenId> tokens;          // tokens generated since the previous event of this sample
+  std::string text;                     // their text (UTF-8 safe; stop strings cut)
+  std::vector<TokenLogprobs> logprobs;  // one per token when params.logprobs > 0
+  FinishReason finish = FinishReason::none;  // set on the sample's last event
+  Status error;                         // non-ok: the request failed; no more events follow
+  // Filled on a sample's last event:
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;     // prompt tokens served from the prefix cache
+  int64_t completion_tokens = 0;
+};
+
+// The caller's end of one request. Thread-safe.
+class RequestStream {
+ public:
+  explicit RequestStream(uint64_t id, int32_t n) : id_(id), open_samples_(n) {}
+  uint64_t id() const { return id_; }
+
+  // Blocks for the next event; false when every sample has finished and all
+  // events were read (or the request failed and its error event was read).
+  bool next(OutputEvent* ev);
+  // Like next() but gives up after timeout_ms (returns false; check done()).
+  bool next_for(OutputEvent* ev, int64_t timeout_ms);
+  bool done() const;
+
+  // --- engine side ---
+  void push(OutputEvent ev);
+
+ private:
+  const uint64_t id_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<OutputEvent> q_;
+  int32_t open_samples_;
+  bool failed_ = false;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t requests_finished = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t prefill_tokens_computed = 0;  // prompt tokens actually run (after prefix hits, incl. recompute)
+  int64_t preemptions = 0;
+  int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_peak = 0;
+  double kv_waste_ratio = 0;            // unfilled slots / allocated slots, averaged over steps
+  size_t running = 0, waiting = 0;
+};
+
+class Engine {
+ public:
+  // Takes the model; the tokenizer is copied. Starts the loop thread.
+  static Expected<std::unique_ptr<Engine>> create(std::shared_ptr<const Model> model, const Tokenizer& tok,
+                                                  EngineConfig cfg);
+  ~Engine();  // stops the loop; requests still open get an error event
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates (prompt empty/too long, token ids, sampling params, n) and queues.
+  Expected<std::shared_ptr<RequestStream>> submit(Request req);
+  // Cancels a request in any state; its KV blocks are freed within one step.
+  void cancel(uint64_t request_id);
+
+  EngineStats stats() const;
+  const Tokenizer& tokenizer() const;
+  const Model& model() const;
+  const EngineConfig& config() const;
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace serval

@@ -1,0 +1,552 @@
+#include "serval/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "common/thread_pool.h"
+#include "engine/runner.h"
+#include "kv_cache/kv_cache_manager.h"
+#include "model/model.h"
+#include "sampler/sampler.h"
+#include "sampler/stop_matcher.h"
+#include "scheduler/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval {
+
+// ---------------------------------------------------------------------------
+// RequestStream
+
+void RequestStream::push(OutputEvent ev) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    q_.push_back(std::move(ev));
+  }
+  cv_.notify_all();
+}
+
+bool RequestStream::next_for(OutputEvent* ev, int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto ready = [&] { return !q_.empty() || open_samples_ <= 0 || failed_; };
+  if (timeout_ms < 0) cv_.wait(lk, ready);
+  else if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), ready)) return false;
+  if (q_.empty()) return false;
+  *ev = std::move(q_.front());
+  q_.pop_front();
+  if (!ev->error.ok()) failed_ = true;
+  else if (ev->finish != FinishReason::none) --open_samples_;
+  return true;
+}
+
+bool RequestStream::next(OutputEvent* ev) { return next_for(ev, -1); }
+
+bool RequestStream::done() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return q_.empty() && (open_samples_ <= 0 || failed_);
+}
+
+// ---------------------------------------------------------------------------
+// parse_kv_memory
+
+Expected<size_t> parse_kv_memory(const std::string& text) {
+  const auto bad = [&] {
+    return invalid_argument("--kv-memory: expected bytes (e.g. 512M, 2G) or a fraction of free RAM in (0, 1), got '" +
+                            text + "'");
+  };
+  if (text.empty() || text.size() > 32) return bad();
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    return bad();
+  }
+  if (!std::isfinite(v) || v <= 0) return bad();
+  const std::string suffix = text.substr(used);
+  if (text.find('.') != std::string::npos && suffix.empty()) {
+    if (v >= 1.0) return bad();
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    size_t kb = 0;
+    std::string unit;
+    while (in >> key >> kb >> unit)
+      if (key == "MemAvailable:") return (size_t)(v * (double)kb * 1024.0);
+    return invalid_argument("--kv-memory: cannot read MemAvailable from /proc/meminfo for a fraction");
+  }
+  double mult = 1;
+  if (suffix == "" || suffix == "B") mult = 1;
+  else if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1024.0;
+  else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "T" || suffix == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return bad();
+  const double bytes = v * mult;
+  if (bytes > 1e15) return bad();
+  return (size_t)bytes;
+}
+
+// ---------------------------------------------------------------------------
+// Engine::Impl
+
+struct Engine::Impl {
+  struct RequestState;
+
+  struct SeqState {
+    RequestState* req = nullptr;
+    int32_t index = 0;
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<StreamingDetokenizer> detok;
+    std::unique_ptr<StopMatcher> stop;
+    int32_t n_generated = 0;
+    int64_t cached_prompt_tokens = -1;  // start_pos of the first scheduled chunk: the prefix-cache hit
+    bool finished = false;
+  };
+
+  struct RequestState {
+    uint64_t id = 0;
+    Request req;
+    std::shared_ptr<RequestStream> stream;
+    std::vector<SeqId> seqs;       // [n]; children get ids when forked
+    int32_t n_open = 0;
+    bool children_forked = false;
+    int64_t max_total = 0;         // prompt + max new tokens, capped by the context
+  };
+
+  std::shared_ptr<const Model> model;
+  Tokenizer tok;
+  EngineConfig cfg;
+  std::vector<TokenId> eog;
+
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<KvStorage> storage;
+  std::unique_ptr<KvCacheManager> kv;
+  std::unique_ptr<Scheduler> sched;
+  std::unique_ptr<Runner> runner;
+
+  // Inbox (any thread -> loop).
+  std::mutex inbox_mu;
+  std::condition_variable inbox_cv;
+  std::vector<std::unique_ptr<RequestState>> inbox;
+  std::vector<uint64_t> cancels;
+  bool stopping = false;
+  std::atomic<uint64_t> next_request_id{1};
+
+  // Loop-owned.
+  std::map<uint64_t, std::unique_ptr<RequestState>> requests;
+  std::map<SeqId, SeqState> seqs;
+  SeqId next_seq = 1;
+  double waste_sum = 0;
+  int64_t waste_steps = 0;
+
+  mutable std::mutex stats_mu;
+  EngineStats stats;
+
+  std::thread loop_thread;
+
+  Impl(std::shared_ptr<const Model> m, Tokenizer t, EngineConfig c) : model(std::move(m)), tok(std::move(t)), cfg(c) {}
+
+  void loop();
+  void drain_inbox();
+  void admit(std::unique_ptr<RequestState> rs);
+  void fail_request(RequestState& rs, const Status& st);
+  void finish_seq(SeqId id, FinishReason reason);
+  void close_request_if_done(RequestState& rs);
+  void after_step(const SchedulerOutput& out, const std::vector<float>& logits);
+  void publish_stats();
+};
+
+void Engine::Impl::fail_request(RequestState& rs, const Status& st) {
+  OutputEvent ev;
+  ev.error = st;
+  rs.stream->push(std::move(ev));
+  for (SeqId s : rs.seqs) {
+    if (s == 0) continue;
+    auto it = seqs.find(s);
+    if (it == seqs.end()) continue;
+    if (!it->second.finished) sched->finish(s);
+    seqs.erase(it);
+  }
+  rs.n_open = 0;
+}
+
+void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
+  const SeqId id = next_seq++;
+  SeqRequest sr;
+  sr.seq = id;
+  sr.prompt = rs->req.prompt;
+  sr.priority = rs->req.priority;
+  sr.max_total_tokens = rs->max_total;
+  sr.prefix_key = PrefixKey{rs->req.tenant_salt, 0};
+  Status st = sched->add(std::move(sr));
+  if (!st.ok()) {
+    OutputEvent ev;
+    ev.error = st;
+    rs->stream->push(std::move(ev));
+    return;
+  }
+  rs->seqs.assign((size_t)rs->req.n, 0);
+  rs->seqs[0] = id;
+  rs->n_open = rs->req.n;
+  SeqState ss;
+  ss.req = rs.get();
+  ss.index = 0;
+  ss.sampler = std::make_unique<Sampler>(rs->req.params, (int32_t)model->config().n_vocab);
+  ss.detok = std::make_unique<StreamingDetokenizer>(tok);
+  ss.stop = std::make_unique<StopMatcher>(rs->req.params.stop);
+  seqs.emplace(id, std::move(ss));
+  {
+    std::lock_guard<std::mutex> lk(stats_mu);
+    stats.prompt_tokens += (int64_t)rs->req.prompt.size();
+  }
+  requests.emplace(rs->id, std::move(rs));
+}
+
+void Engine::Impl::drain_inbox() {
+  std::vector<std::unique_ptr<RequestState>> in;
+  std::vector<uint64_t> cancel_ids;
+  {
+    std::lock_guard<std::mutex> lk(inbox_mu);
+    in.swap(inbox);
+    cancel_ids.swap(cancels);
+  }
+  for (auto& rs : in) admit(std::move(rs));
+  for (uint64_t rid : cancel_ids) {
+    auto it = requests.find(rid);
+    if (it == requests.end()) continue;
+    RequestState& rs = *it->second;
+    for (SeqId s : rs.seqs) {
+      auto sit = seqs.find(s);
+      if (s == 0 || sit == seqs.end() || sit->second.finished) continue;
+      sched->finish(s);
+      sit->second.finished = true;
+    }
+    OutputEvent ev;
+    ev.error = Status(StatusCode::invalid_argument, "request cancelled");
+    rs.stream->push(std::move(ev));
+    for (SeqId s : rs.seqs) seqs.erase(s);
+    requests.erase(it);
+  }
+}
+
+void Engine::Impl::finish_seq(SeqId id, FinishReason reason) {
+  SeqState& ss = seqs.at(id);
+  ss.finished = true;
+  sched->finish(id);
+  --ss.req->n_open;
+  (void)reason;
+}
+
+void Engine::Impl::close_request_if_done(RequestState& rs) {
+  if (rs.n_open > 0) return;
+  for (SeqId s : rs.seqs) seqs.erase(s);
+  requests.erase(rs.id);
+}
+
+void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<float>& logits) {
+  const int64_t n_vocab = model->config().n_vocab;
+  std::vector<std::pair<SeqId, TokenId>> sampled;
+  std::vector<std::vector<TokenLogprobs>> lps;
+  size_t row = 0;
+  int64_t prefill_computed = 0;
+  for (const ScheduledSeq& s : out.seqs) {
+    if (s.n_tokens > 1 || !s.needs_logits) prefill_computed += s.n_tokens;
+    if (auto it = seqs.find(s.seq); it != seqs.end() && it->second.cached_prompt_tokens < 0)
+      it->second.cached_prompt_tokens = s.start_pos;
+    if (!s.needs_logits) continue;
+    std::span<const float> lg(logits.data() + row * (size_t)n_vocab, (size_t)n_vocab);
+    ++row;
+    SeqState& ss = seqs.at(s.seq);
+    const auto& history = sched->tokens(s.seq);
+    const TokenId t = ss.sampler->sample(lg, history);
+    sampled.push_back({s.seq, t});
+    (void)lps;
+  }
+  sched->update(out, sampled);
+
+  // n > 1: once the first sample's prompt is computed, fork the other samples
+  // from it (they share its blocks) and let each draw its own first token
+  // from the same logits.
+  row = 0;
+  std::vector<std::tuple<SeqId, TokenId, size_t>> all;  // (seq, token, logits row)
+  for (size_t i = 0, k = 0; i < out.seqs.size(); ++i) {
+    if (!out.seqs[i].needs_logits) continue;
+    all.emplace_back(sampled[k].first, sampled[k].second, k);
+    ++k;
+  }
+  std::vector<std::tuple<SeqId, TokenId, size_t>> extra;
+  for (auto& [sid, t, r] : all) {
+    RequestState& rs = *seqs.at(sid).req;
+    if (rs.req.n <= 1 || rs.children_forked) continue;
+    rs.children_forked = true;
+    std::span<const float> lg(logits.data() + r * (size_t)n_vocab, (size_t)n_vocab);
+    for (int32_t i = 1; i < rs.req.n; ++i) {
+      const SeqId child = next_seq++;
+      SeqState cs;
+      cs.req = &rs;
+      cs.index = i;
+      SamplingParams p = rs.req.params;
+      if (p.seed) p.seed = *p.seed + (uint64_t)i;  // distinct but reproducible streams
+      cs.sampler = std::make_unique<Sampler>(p, (int32_t)n_vocab);
+      cs.detok = std::make_unique<StreamingDetokenizer>(tok);
+      cs.stop = std::make_unique<StopMatcher>(p.stop);
+      std::vector<TokenId> history(rs.req.prompt);
+      const TokenId ct = cs.sampler->sample(lg, history);
+      sched->fork(sid, child, ct);  // shares the parent's blocks; its own first token
+      rs.seqs[(size_t)i] = child;
+      seqs.emplace(child, std::move(cs));
+      extra.emplace_back(child, ct, r);
+    }
+  }
+  all.insert(all.end(), extra.begin(), extra.end());
+
+  int64_t generated = 0, closed = 0;
+  // Events are pushed only after the stats below are updated, so a caller that
+  // has read a request's last event sees it counted.
+  std::vector<std::pair<RequestStream*, OutputEvent>> events;
+  for (auto& [sid, t, r] : all) {
+    SeqState& ss = seqs.at(sid);
+    RequestState& rs = *ss.req;
+    const SamplingParams& p = rs.req.params;
+    ++ss.n_generated;
+    ++generated;
+    OutputEvent ev;
+    ev.index = ss.index;
+    ev.tokens.push_back(t);
+    if (p.logprobs > 0) {
+      std::span<const float> lg(logits.data() + r * (size_t)n_vocab, (size_t)n_vocab);
+      ev.logprobs.push_back(compute_logprobs(lg, t, p.logprobs));
+    }
+    FinishReason reason = check_token_stop(p, t, ss.n_generated, eog);
+    if (reason != FinishReason::stop) {
+      if (ss.stop->feed(ss.detok->push(t), ev.text)) reason = FinishReason::stop;
+    }
+    if (reason == FinishReason::none && (int64_t)sched->tokens(sid).size() >= rs.max_total)
+      reason = FinishReason::length;
+    if (reason != FinishReason::none) {
+      if (!ss.stop->stopped()) {
+        std::string tail = ss.detok->flush(), out_tail;
+        if (!ss.stop->feed(tail, out_tail)) ss.stop->finish(out_tail);
+        ev.text += out_tail;
+      }
+      ev.finish = reason;
+      ev.prompt_tokens = (int64_t)rs.req.prompt.size();
+      ev.completion_tokens = ss.n_generated;
+      ev.cached_prompt_tokens = std::max<int64_t>(0, seqs.at(rs.seqs[0]).cached_prompt_tokens);
+      finish_seq(sid, reason);
+      if (rs.n_open == 0) ++closed;
+    }
+    events.emplace_back(rs.stream.get(), std::move(ev));
+  }
+  // KV waste: allocated-but-unfilled slots of the running sequences.
+  int64_t alloc = 0, filled = 0;
+  for (const ScheduledSeq& s : out.seqs) {
+    alloc += (int64_t)s.block_table.size() * cfg.block_size;
+    filled += s.start_pos + s.n_tokens;
+  }
+  if (alloc > 0) {
+    waste_sum += (double)(alloc - filled) / (double)alloc;
+    ++waste_steps;
+  }
+  {
+    std::lock_guard<std::mutex> lk(stats_mu);
+    stats.steps++;
+    stats.generated_tokens += generated;
+    stats.prefill_tokens_computed += prefill_computed;
+    stats.requests_finished += closed;
+  }
+  publish_stats();
+  for (auto& [stream, ev] : events) stream->push(std::move(ev));
+  for (auto& [sid, t, r] : all) {
+    auto it = seqs.find(sid);
+    if (it == seqs.end()) continue;
+    RequestState& rs = *it->second.req;
+    if (rs.n_open <= 0 && requests.count(rs.id)) close_request_if_done(rs);
+  }
+}
+
+void Engine::Impl::publish_stats() {
+  const auto ks = kv->stats();
+  std::lock_guard<std::mutex> lk(stats_mu);
+  stats.preemptions = sched->n_preemptions();
+  stats.prefix_query_tokens = ks.prefix_query_tokens;
+  stats.prefix_hit_tokens = ks.prefix_hit_tokens;
+  stats.kv_blocks_total = kv->n_blocks();
+  stats.kv_blocks_used = ks.used_blocks;
+  stats.kv_blocks_peak = ks.peak_used_blocks;
+  stats.kv_waste_ratio = waste_steps ? waste_sum / (double)waste_steps : 0.0;
+  stats.running = sched->n_running();
+  stats.waiting = sched->n_waiting();
+}
+
+void Engine::Impl::loop() {
+  std::vector<float> logits;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(inbox_mu);
+      inbox_cv.wait(lk, [&] { return stopping || !inbox.empty() || !cancels.empty() || sched->has_unfinished(); });
+      if (stopping) break;
+    }
+    drain_inbox();
+    if (!sched->has_unfinished()) {
+      publish_stats();
+      continue;
+    }
+    SchedulerOutput out = sched->schedule();
+    if (out.seqs.empty() && out.copies.empty() && out.swap_in.empty() && out.swap_out.empty()) {
+      // Nothing could be scheduled this step (e.g. waiting for blocks that a
+      // cancel will free); do not spin.
+      publish_stats();
+      std::unique_lock<std::mutex> lk(inbox_mu);
+      inbox_cv.wait_for(lk, std::chrono::milliseconds(5));
+      continue;
+    }
+    Status st = runner->execute(out, &logits);
+    if (!st.ok()) {
+      // A batch that the scheduler built should always run; fail its requests
+      // rather than the engine.
+      for (const ScheduledSeq& s : out.seqs) {
+        auto it = seqs.find(s.seq);
+        if (it == seqs.end()) continue;
+        RequestState* rs = it->second.req;
+        fail_request(*rs, st.with_context("forward pass"));
+        requests.erase(rs->id);
+      }
+      continue;
+    }
+    after_step(out, logits);
+  }
+  // Shutting down: every open request gets an error event.
+  for (auto& [id, rs] : requests) {
+    OutputEvent ev;
+    ev.error = Status(StatusCode::resource_exhausted, "engine shutting down");
+    rs->stream->push(std::move(ev));
+  }
+  std::lock_guard<std::mutex> lk(inbox_mu);
+  for (auto& rs : inbox) {
+    OutputEvent ev;
+    ev.error = Status(StatusCode::resource_exhausted, "engine shutting down");
+    rs->stream->push(std::move(ev));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Engine
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox_mu);
+    impl_->stopping = true;
+  }
+  impl_->inbox_cv.notify_all();
+  if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+}
+
+Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> model, const Tokenizer& tok,
+                                                 EngineConfig cfg) {
+  const ModelConfig& mc = model->config();
+  if (cfg.block_size < 1 || cfg.block_size > 1024)
+    return invalid_argument("block size: expected 1..1024, got " + std::to_string(cfg.block_size));
+  if (cfg.max_batch_tokens < 1) return invalid_argument("max batch tokens must be >= 1");
+  if (cfg.max_seqs < 1) return invalid_argument("max seqs must be >= 1");
+  if (cfg.max_model_len <= 0) cfg.max_model_len = std::min<int64_t>(mc.n_ctx_train, 4096);
+  if (tok.n_vocab() != mc.n_vocab)
+    return invalid_argument("tokenizer has " + std::to_string(tok.n_vocab()) + " tokens, the model " +
+                            std::to_string(mc.n_vocab));
+  auto impl = std::make_unique<Impl>(std::move(model), tok, cfg);
+  const Model& m = *impl->model;
+  KvGeometry g{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), cfg.block_size};
+  const int64_t n_blocks = (int64_t)(cfg.kv_memory_bytes / g.bytes_per_block());
+  const int64_t n_host = (int64_t)(cfg.swap_memory_bytes / g.bytes_per_block());
+  if (n_blocks < 1)
+    return invalid_argument("--kv-memory " + std::to_string(cfg.kv_memory_bytes) +
+                            " bytes holds no KV block (one block takes " + std::to_string(g.bytes_per_block()) + ")");
+  if (n_blocks > (1 << 30) || n_host > (1 << 30)) return invalid_argument("KV memory is too large");
+  auto storage = KvStorage::create(g, (int32_t)n_blocks, (int32_t)n_host);
+  if (!storage.ok()) return storage.status();
+  impl->storage = std::make_unique<KvStorage>(std::move(storage.value()));
+  impl->pool = std::make_unique<ThreadPool>(cfg.n_threads > 0 ? cfg.n_threads : ThreadPool::default_threads());
+  KvCacheConfig kc;
+  kc.n_blocks = (int32_t)n_blocks;
+  kc.block_size = cfg.block_size;
+  kc.enable_prefix_caching = cfg.enable_prefix_caching;
+  kc.n_host_blocks = (int32_t)n_host;
+  // A random hash key per process, so no tenant can aim for collisions (hits
+  // are verified exactly anyway; this just keeps the map well spread).
+  std::random_device rd;
+  kc.hash_k0 = ((uint64_t)rd() << 32) ^ rd();
+  kc.hash_k1 = ((uint64_t)rd() << 32) ^ rd();
+  impl->kv = std::make_unique<KvCacheManager>(kc);
+  SchedulerConfig sc;
+  sc.max_batch_tokens = cfg.max_batch_tokens;
+  sc.max_seqs = cfg.max_seqs;
+  sc.max_model_len = cfg.max_model_len;
+  sc.enable_chunked_prefill = cfg.enable_chunked_prefill;
+  sc.preemption = n_host > 0 ? SchedulerConfig::Preemption::swap : SchedulerConfig::Preemption::recompute;
+  sc.aging_per_step = cfg.aging_per_step;
+  impl->sched = std::make_unique<Scheduler>(sc, impl->kv.get());
+  impl->runner = std::make_unique<Runner>(m, *impl->storage, impl->pool.get());
+  for (TokenId t = 0; t < impl->tok.n_vocab(); ++t)
+    if (impl->tok.is_eog(t)) impl->eog.push_back(t);
+  impl->stats.kv_blocks_total = (int32_t)n_blocks;
+  Impl* raw = impl.get();
+  std::unique_ptr<Engine> e(new Engine(std::move(impl)));
+  raw->loop_thread = std::thread([raw] { raw->loop(); });
+  return e;
+}
+
+Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
+  const ModelConfig& mc = impl_->model->config();
+  const EngineConfig& cfg = impl_->cfg;
+  if (req.prompt.empty()) return invalid_argument("prompt: must not be empty");
+  if ((int64_t)req.prompt.size() >= cfg.max_model_len)
+    return invalid_argument("prompt: " + std::to_string(req.prompt.size()) +
+                            " tokens leave no room to generate in the context of " +
+                            std::to_string(cfg.max_model_len) + " tokens");
+  for (TokenId t : req.prompt)
+    if (t < 0 || t >= mc.n_vocab)
+      return invalid_argument("prompt: token id " + std::to_string(t) + " is out of range [0, " +
+                              std::to_string(mc.n_vocab) + ")");
+  if (req.n < 1 || req.n > cfg.max_n)
+    return invalid_argument("n: expected a value in [1, " + std::to_string(cfg.max_n) + "], got " +
+                            std::to_string(req.n));
+  SERVAL_RETURN_IF_ERROR(req.params.validate((int32_t)mc.n_vocab));
+  auto rs = std::make_unique<Impl::RequestState>();
+  rs->id = impl_->next_request_id++;
+  const int64_t max_new = req.params.max_tokens ? *req.params.max_tokens : cfg.max_model_len;
+  rs->max_total = std::min<int64_t>(cfg.max_model_len, (int64_t)req.prompt.size() + max_new);
+  rs->stream = std::make_shared<RequestStream>(rs->id, req.n);
+  rs->req = std::move(req);
+  auto stream = rs->stream;
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox_mu);
+    if (impl_->stopping) return Status(StatusCode::resource_exhausted, "engine shutting down");
+    impl_->inbox.push_back(std::move(rs));
+  }
+  impl_->inbox_cv.notify_all();
+  return stream;
+}
+
+void Engine::cancel(uint64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox_mu);
+    impl_->cancels.push_back(request_id);
+  }
+  impl_->inbox_cv.notify_all();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->stats_mu);
+  return impl_->stats;
+}
+
+const Tokenizer& Engine::tokenizer() const { return impl_->tok; }
+const Model& Engine::model() const { return *impl_->model; }
+const EngineConfig& Engine::config() const { return impl_->cfg; }
+
+}  // namespace serval

@@ -1,0 +1,159 @@
+#include "model/batch_forward.h"
+
+#include <cmath>
+
+#include "kernels/matmul.h"
+#include "kernels/ref/ops.h"
+#include "kernels/ref/quants.h"
+
+namespace serval {
+
+BatchForward::BatchForward(const Model& model, KvStorage& kv, ThreadPool* pool)
+    : model_(model), kv_(kv), pool_(pool) {}
+
+void BatchForward::ensure_capacity(int64_t n) {
+  const ModelConfig& c = model_.config();
+  auto grow = [n](std::vector<float>& v, int64_t width) {
+    if ((int64_t)v.size() < n * width) v.resize((size_t)(n * width));
+  };
+  grow(x_, c.dim);
+  grow(xn_, c.dim);
+  grow(q_, c.q_dim());
+  grow(k_, c.kv_dim());
+  grow(v_, c.kv_dim());
+  grow(attn_, c.q_dim());
+  grow(proj_, c.dim);
+  grow(gate_, c.ffn_dim);
+  grow(up_, c.ffn_dim);
+  grow(hidden_, c.ffn_dim);
+}
+
+Status BatchForward::forward(const Batch& batch, std::vector<float>* logits) {
+  const ModelConfig& c = model_.config();
+  const ModelWeights& w = model_.weights();
+  const KvGeometry& g = kv_.geometry();
+  const int64_t n = (int64_t)batch.tokens.size();
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hd = c.head_dim;
+  if (g.kv_dim != kv_dim || g.n_layers != c.n_layers)
+    return invalid_argument("KV storage geometry does not match the model");
+
+  // Validate the batch and map every token to (sequence, position).
+  std::vector<int32_t> tok_seq((size_t)n);
+  std::vector<int64_t> tok_pos((size_t)n);
+  int64_t at = 0, n_out = 0;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const BatchSeq& bs = batch.seqs[s];
+    if (bs.n_tokens < 1 || at + bs.n_tokens > n) return invalid_argument("batch: sequence token counts do not add up");
+    const int64_t end = bs.start_pos + bs.n_tokens;
+    if ((int64_t)bs.block_table.size() * g.block_size < end)
+      return invalid_argument("batch: block table of sequence " + std::to_string(s) + " holds " +
+                              std::to_string(bs.block_table.size() * g.block_size) + " positions, needs " +
+                              std::to_string(end));
+    for (BlockId b : bs.block_table)
+      if (b < 0 || b >= kv_.n_blocks()) return invalid_argument("batch: block id " + std::to_string(b) + " out of range");
+    for (int32_t i = 0; i < bs.n_tokens; ++i, ++at) {
+      tok_seq[(size_t)at] = (int32_t)s;
+      tok_pos[(size_t)at] = bs.start_pos + i;
+    }
+    n_out += bs.needs_logits;
+  }
+  if (at != n) return invalid_argument("batch: sequence token counts do not add up");
+  for (TokenId t : batch.tokens)
+    if (t < 0 || t >= c.n_vocab)
+      return invalid_argument("token id " + std::to_string(t) + " is out of range [0, " + std::to_string(c.n_vocab) + ")");
+  if (n == 0) {
+    logits->clear();
+    return {};
+  }
+  ensure_capacity(n);
+
+  // x = token embeddings
+  const size_t emb_stride = row_size(w.token_embd.type, dim);
+  for (int64_t i = 0; i < n; ++i)
+    ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)batch.tokens[(size_t)i] * emb_stride,
+                        x_.data() + i * dim, dim);
+
+  auto mm = [&](const Matrix& m, const float* in, int64_t rows_n, float* out) {
+    kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool_);
+  };
+  auto par = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
+    if (pool_) pool_->parallel_for(count, fn);
+    else fn(0, count);
+  };
+  const float scale = 1.0f / std::sqrt((float)hd);
+
+  // Block pointers per sequence, refreshed per layer.
+  std::vector<std::vector<const float*>> kb(batch.seqs.size()), vb(batch.seqs.size());
+
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    const LayerWeights& l = w.layers[(size_t)il];
+    for (int64_t i = 0; i < n; ++i)
+      ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.attn_norm.data(), dim, c.rms_eps);
+    mm(l.wq, xn_.data(), n, q_.data());
+    mm(l.wk, xn_.data(), n, k_.data());
+    mm(l.wv, xn_.data(), n, v_.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* q = q_.data() + i * q_dim;
+      float* k = k_.data() + i * kv_dim;
+      float* v = v_.data() + i * kv_dim;
+      if (!l.bq.empty()) for (int64_t j = 0; j < q_dim; ++j) q[j] += l.bq[(size_t)j];
+      if (!l.bk.empty()) for (int64_t j = 0; j < kv_dim; ++j) k[j] += l.bk[(size_t)j];
+      if (!l.bv.empty()) for (int64_t j = 0; j < kv_dim; ++j) v[j] += l.bv[(size_t)j];
+      const int64_t pos = tok_pos[(size_t)i];
+      ref::rope(q, c.n_heads, hd, c.rope_dim, pos, c.rope_freq_base, c.arch.rope);
+      ref::rope(k, c.n_kv_heads, hd, c.rope_dim, pos, c.rope_freq_base, c.arch.rope);
+      // Write this token's K/V into its slot.
+      const BatchSeq& bs = batch.seqs[(size_t)tok_seq[(size_t)i]];
+      const BlockId blk = bs.block_table[(size_t)(pos / g.block_size)];
+      const int64_t slot = pos % g.block_size;
+      std::copy(k, k + kv_dim, kv_.k((int32_t)il, blk) + slot * kv_dim);
+      std::copy(v, v + kv_dim, kv_.v((int32_t)il, blk) + slot * kv_dim);
+    }
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      const auto& table = batch.seqs[s].block_table;
+      kb[s].resize(table.size());
+      vb[s].resize(table.size());
+      for (size_t j = 0; j < table.size(); ++j) {
+        kb[s][j] = kv_.k((int32_t)il, table[j]);
+        vb[s][j] = kv_.v((int32_t)il, table[j]);
+      }
+    }
+    // Attention, one token per task (all of its heads).
+    par(n, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> scratch;
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t n_ctx = tok_pos[(size_t)i] + 1;
+        if ((int64_t)scratch.size() < n_ctx) scratch.resize((size_t)n_ctx);
+        const size_t s = (size_t)tok_seq[(size_t)i];
+        kernels::attention(q_.data() + i * q_dim, kb[s].data(), vb[s].data(), g.block_size, kv_dim, n_ctx,
+                           (int32_t)c.n_heads, (int32_t)c.n_kv_heads, (int32_t)hd, scale, attn_.data() + i * q_dim,
+                           scratch.data());
+      }
+    });
+    mm(l.wo, attn_.data(), n, proj_.data());
+    for (int64_t i = 0; i < n * dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
+
+    for (int64_t i = 0; i < n; ++i)
+      ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.ffn_norm.data(), dim, c.rms_eps);
+    mm(l.w_gate, xn_.data(), n, gate_.data());
+    mm(l.w_up, xn_.data(), n, up_.data());
+    ref::swiglu(hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
+    mm(l.w_down, hidden_.data(), n, proj_.data());
+    for (int64_t i = 0; i < n * dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
+  }
+
+  // Final norm and output projection for the rows that need logits.
+  out_rows_.resize((size_t)(n_out * dim));
+  int64_t o = 0, tok_end = 0;
+  for (const BatchSeq& bs : batch.seqs) {
+    tok_end += bs.n_tokens;
+    if (!bs.needs_logits) continue;
+    ref::rmsnorm(out_rows_.data() + o * dim, x_.data() + (tok_end - 1) * dim, w.output_norm.data(), dim, c.rms_eps);
+    ++o;
+  }
+  logits->resize((size_t)(n_out * c.n_vocab));
+  if (n_out > 0) mm(w.output, out_rows_.data(), n_out, logits->data());
+  return {};
+}
+
+}  // namespace serval

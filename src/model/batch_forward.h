@@ -1,0 +1,58 @@
+// The batched forward pass over the paged KV cache: one call computes a mixed
+// batch of prefill chunks and decode tokens of many sequences (variable
+// lengths), writing each token's K/V into its sequence's blocks and reading
+// attention context through the block tables (paged attention). Logits are
+// produced only for the sequences that need sampling.
+//
+// Batch invariance: each token's result depends only on its own sequence's
+// tokens, never on what else is in the batch (kernels/matmul.h), so a sequence
+// gets bit-identical logits alone or batched, whole or in prefill chunks.
+//
+// One instance per engine (owned by the runner, engine loop thread); not
+// thread-safe. The model and the storage must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "kv_cache/kv_storage.h"
+#include "model/model.h"
+#include "serval/types.h"
+
+namespace serval {
+
+struct BatchSeq {
+  int64_t start_pos = 0;                 // position of the first token of this chunk
+  int32_t n_tokens = 0;                  // tokens of this sequence in the batch (>= 1)
+  std::span<const BlockId> block_table;  // covers positions [0, start_pos + n_tokens)
+  bool needs_logits = false;             // produce logits for the chunk's last token
+};
+
+struct Batch {
+  std::vector<TokenId> tokens;  // all sequences' tokens, in seqs order
+  std::vector<BatchSeq> seqs;
+};
+
+class BatchForward {
+ public:
+  BatchForward(const Model& model, KvStorage& kv, ThreadPool* pool);
+
+  // Runs the batch; `logits` becomes [n_outputs, n_vocab] (one row per sequence
+  // with needs_logits, in order). Errors: token out of range, block table too
+  // short, position beyond max_positions.
+  Status forward(const Batch& batch, std::vector<float>* logits);
+
+ private:
+  void ensure_capacity(int64_t n_tokens);
+
+  const Model& model_;
+  KvStorage& kv_;
+  ThreadPool* pool_;
+  // scratch, [n_tokens, ...]
+  std::vector<float> x_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, hidden_, out_rows_;
+};
+
+}  // namespace serval

@@ -1,0 +1,144 @@
+// End-to-end tests of the `serval` binary: exit statuses, one-line errors, and
+// generated text against llama.cpp's golden continuation.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include "gguf/gguf_reader.h"
+#include "gguf/gguf_writer.h"
+
+namespace {
+
+const std::string kShared = SERVAL_SHARED_DIR;
+const std::string kBin = SERVAL_BINARY;
+const std::string kStories = kShared + "/models/stories260K.gguf";
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Runs `serval ARGS` (args are shell-quoted by the caller) capturing both streams.
+Result run(const std::string& args) {
+  static int counter = 0;
+  const std::string base = ::testing::TempDir() + "/serval_cli_" + std::to_string(getpid()) + "_" +
+                           std::to_string(counter++);
+  const std::string cmd = kBin + " " + args + " >" + base + ".out 2>" + base + ".err </dev/null";
+  Result r;
+  const int rc = std::system(cmd.c_str());
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
+  return r;
+}
+
+size_t count_lines(const std::string& s) { return (size_t)std::count(s.begin(), s.end(), '\n'); }
+
+void expect_usage_error(const std::string& args, const std::string& needle) {
+  Result r = run(args);
+  EXPECT_EQ(r.status, 2) << args << "\nstderr: " << r.err;
+  EXPECT_EQ(count_lines(r.err), 1u) << args << ": expected a one-line error, got:\n" << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+}
+
+}  // namespace
+
+TEST(Cli, BadUsageIsOneLineAndStatus2) {
+  expect_usage_error("", "usage");
+  expect_usage_error("frobnicate", "unknown command 'frobnicate'");
+  expect_usage_error("run -p hi", "--model");
+  expect_usage_error("run -m " + kStories + " -p hi --top-k -3", "top-k");
+  expect_usage_error("run -m " + kStories + " -p hi --bogus-flag", "bogus");
+  expect_usage_error("run -m /nonexistent/model.gguf -p hi", "no such file");
+  expect_usage_error("run -m " + kShared + "/DESIGN.md -p hi", "bad magic");
+  expect_usage_error("run -m " + kStories + " -p hi --top-p 1.5", "top_p");
+  expect_usage_error("gguf info /nonexistent.gguf", "no such file");
+  expect_usage_error("gguf synth --shape gpt-9 --vocab " + kStories + " -o /tmp/x.gguf", "unknown shape 'gpt-9'");
+  expect_usage_error("gguf synth --shape tiny --type q9_9 --vocab " + kStories + " -o /tmp/x.gguf", "unknown type");
+}
+
+TEST(Cli, HelpExitsZero) {
+  EXPECT_EQ(run("--help").status, 0);
+  Result r = run("run --help");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("--top-k"), std::string::npos);
+}
+
+TEST(Cli, UnsupportedArchitectureIsRejected) {
+  auto src = serval::gguf::GgufFile::open(kStories);
+  ASSERT_TRUE(src.ok());
+  serval::gguf::GgufWriter w;
+  for (const auto& kv : src->metadata())
+    w.add(kv.key, kv.key == "general.architecture" ? serval::gguf::Value("mamba") : kv.value);
+  const std::string path = ::testing::TempDir() + "/serval_mamba.gguf";
+  ASSERT_TRUE(w.write_file(path).ok());
+  expect_usage_error("run -m " + path + " -p hi", "unsupported architecture 'mamba'");
+  std::remove(path.c_str());
+}
+
+// Greedy `serval run` prints the prompt followed by exactly llama.cpp's
+// detokenized greedy continuation.
+TEST(Cli, GreedyRunPrintsGoldenText) {
+  std::ifstream in(kShared + "/golden/stories260K-greedy.json");
+  const auto golden = nlohmann::json::parse(in);
+  const auto& c = golden["cases"][0];
+  const std::string prompt = c["prompt"];
+  Result r = run("run -m " + kStories + " -p '" + prompt + "' -n 200 --temp 0 -t 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, prompt + c["greedy_text"].get<std::string>() + "\n");
+  EXPECT_NE(r.err.find("tok/s"), std::string::npos) << r.err;
+}
+
+TEST(Cli, SeededSamplingIsReproducible) {
+  const std::string args = "run -m " + kStories + " -p 'Once upon a time' -n 40 --temp 0.9 --seed 1234";
+  Result a = run(args), b = run(args + " -t 2"), c = run("run -m " + kStories + " -p 'Once upon a time' -n 40 --temp 0.9 --seed 99");
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(Cli, StopStringEndsGeneration) {
+  // The golden continuation of "Once upon a time" contains "Lily."; stop there.
+  Result r = run("run -m " + kStories + " -p 'Once upon a time' -n 200 --temp 0 --stop 'Lily.'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "Once upon a time, there was a little girl named \n");
+  EXPECT_NE(r.err.find("finish: stop"), std::string::npos) << r.err;
+}
+
+TEST(Cli, GgufInfoAndSynth) {
+  Result info = run("gguf info " + kStories);
+  ASSERT_EQ(info.status, 0) << info.err;
+  EXPECT_NE(info.out.find("llama.block_count"), std::string::npos);
+  EXPECT_NE(info.out.find("blk.4.ffn_down.weight"), std::string::npos);
+
+  const std::string path = ::testing::TempDir() + "/serval_cli_synth.gguf";
+  Result s = run("gguf synth --shape tiny --type q4_0 --vocab " + kStories + " -o " + path);
+  ASSERT_EQ(s.status, 0) << s.err;
+  auto f = serval::gguf::GgufFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->find_tensor("blk.0.attn_q.weight")->type, serval::DType::q4_0);
+  EXPECT_EQ(*f->get_uint("llama.embedding_length"), 256u);
+  Result gen = run("run -m " + path + " -p 'Once upon a time' -n 8 --temp 0");
+  EXPECT_EQ(gen.status, 0) << gen.err;
+  EXPECT_NE(gen.err.find("generation: 8 tokens"), std::string::npos) << gen.err;
+  std::remove(path.c_str());
+}
+
+TEST(Cli, TokenizeIds) {
+  Result r = run("tokenize -m " + kStories + " --ids 'Once upon a time'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[403, 407, 261, 378]\n");
+  Result b = run("tokenize -m " + kStories + " --ids --bos 'Once upon a time'");
+  EXPECT_EQ(b.out, "[1, 403, 407, 261, 378]\n");
+}

@@ -1,0 +1,254 @@
+// serval bench throughput: drives the engine directly (no HTTP) with N requests
+// at concurrency C and prints throughput, latency percentiles and KV figures.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "model/model.h"
+#include "serval/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval::cli {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * (double)(v.size() - 1);
+  const size_t lo = (size_t)idx, hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - (double)lo);
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / (double)v.size();
+}
+
+struct RunResult {
+  int concurrency = 0;
+  double wall_s = 0, gen_tok_s = 0, prefill_tok_s = 0;
+  double ttft_mean = 0, ttft_p50 = 0, ttft_p99 = 0, ttft_first = 0, ttft_rest_p50 = 0;
+  double itl_mean = 0, itl_p50 = 0, itl_p99 = 0;
+  int64_t gen_tokens = 0, prompt_tokens = 0, errors = 0;
+  EngineStats stats;
+};
+
+// splitmix64 for reproducible prompts.
+uint64_t mix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+RunResult run_once(const std::shared_ptr<const Model>& model, const Tokenizer& tok, const EngineConfig& ecfg,
+                   int n_requests, int concurrency, int prompt_len, int gen_len, int shared_prefix, uint64_t seed) {
+  auto engine_or = Engine::create(model, tok, ecfg);
+  if (!engine_or.ok()) {
+    std::fprintf(stderr, "serval bench: %s\n", engine_or.status().message().c_str());
+    std::exit(2);
+  }
+  Engine& engine = **engine_or;
+  // Ordinary (non-control) tokens to build prompts from.
+  std::vector<TokenId> pool;
+  for (TokenId t = 0; t < tok.n_vocab(); ++t)
+    if (!tok.is_control(t) && !tok.is_eog(t) && t != tok.bos()) pool.push_back(t);
+  if (pool.empty()) pool.push_back(0);
+  std::vector<std::vector<TokenId>> prompts((size_t)n_requests);
+  uint64_t s = seed;
+  std::vector<TokenId> prefix;
+  if (tok.bos() >= 0) prefix.push_back(tok.bos());
+  while ((int)prefix.size() < shared_prefix) prefix.push_back(pool[mix(s) % pool.size()]);
+  for (auto& p : prompts) {
+    p = prefix;
+    if (p.empty() && tok.bos() >= 0) p.push_back(tok.bos());
+    while ((int)p.size() < prompt_len) p.push_back(pool[mix(s) % pool.size()]);
+  }
+
+  std::mutex mu;
+  std::vector<double> ttft((size_t)n_requests, 0), itl;
+  std::atomic<int> next{0};
+  std::atomic<int64_t> gen{0}, errors{0};
+  const auto t0 = clock_type::now();
+  auto client = [&] {
+    std::vector<double> my_itl;
+    for (;;) {
+      const int i = next++;
+      if (i >= n_requests) break;
+      Request r;
+      r.prompt = prompts[(size_t)i];
+      r.params.temperature = 0;
+      r.params.max_tokens = gen_len;
+      r.params.ignore_eos = true;
+      const auto ts = clock_type::now();
+      auto st = engine.submit(std::move(r));
+      if (!st.ok()) {
+        ++errors;
+        continue;
+      }
+      OutputEvent ev;
+      auto last = ts;
+      bool first = true;
+      while ((*st)->next(&ev)) {
+        if (!ev.error.ok()) {
+          ++errors;
+          break;
+        }
+        const auto now = clock_type::now();
+        if (first) ttft[(size_t)i] = std::chrono::duration<double>(now - ts).count();
+        else my_itl.push_back(std::chrono::duration<double>(now - last).count());
+        first = false;
+        last = now;
+        gen += (int64_t)ev.tokens.size();
+      }
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    itl.insert(itl.end(), my_itl.begin(), my_itl.end());
+  };
+  std::vector<std::thread> threads;
+  for (int c = 0; c < concurrency; ++c) threads.emplace_back(client);
+  for (auto& t : threads) t.join();
+  RunResult r;
+  r.concurrency = concurrency;
+  r.wall_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  r.gen_tokens = gen;
+  r.errors = errors;
+  r.prompt_tokens = (int64_t)n_requests * prompt_len;
+  r.gen_tok_s = (double)gen / r.wall_s;
+  r.prefill_tok_s = (double)r.prompt_tokens / r.wall_s;
+  r.ttft_mean = mean(ttft);
+  r.ttft_p50 = percentile(ttft, 50);
+  r.ttft_p99 = percentile(ttft, 99);
+  r.ttft_first = ttft.empty() ? 0 : ttft[0];
+  r.ttft_rest_p50 = ttft.size() > 1 ? percentile(std::vector<double>(ttft.begin() + 1, ttft.end()), 50) : 0;
+  r.itl_mean = mean(itl);
+  r.itl_p50 = percentile(itl, 50);
+  r.itl_p99 = percentile(itl, 99);
+  r.stats = engine.stats();
+  return r;
+}
+
+nlohmann::json to_json(const RunResult& r) {
+  const auto& s = r.stats;
+  return {{"concurrency", r.concurrency},
+          {"wall_s", r.wall_s},
+          {"gen_tokens", r.gen_tokens},
+          {"gen_tok_s", r.gen_tok_s},
+          {"prefill_tok_s", r.prefill_tok_s},
+          {"ttft_mean_s", r.ttft_mean},
+          {"ttft_p50_s", r.ttft_p50},
+          {"ttft_p99_s", r.ttft_p99},
+          {"ttft_first_s", r.ttft_first},
+          {"ttft_rest_p50_s", r.ttft_rest_p50},
+          {"itl_mean_s", r.itl_mean},
+          {"itl_p50_s", r.itl_p50},
+          {"itl_p99_s", r.itl_p99},
+          {"kv_blocks_total", s.kv_blocks_total},
+          {"kv_blocks_peak", s.kv_blocks_peak},
+          {"kv_waste_pct", 100.0 * s.kv_waste_ratio},
+          {"prefix_hit_rate", s.prefix_query_tokens ? (double)s.prefix_hit_tokens / (double)s.prefix_query_tokens : 0.0},
+          {"preemptions", s.preemptions},
+          {"errors", r.errors}};
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  const std::string cmd = "serval bench";
+  CLI::App app("Benchmarks", cmd);
+  app.require_subcommand(1);
+  auto* tp = app.add_subcommand("throughput", "drive the engine directly with concurrent requests");
+  std::string model_path, format = "text", kv_mem = "1G", conc_list = "1";
+  int n_requests = 16, prompt_len = 64, gen_len = 64, shared_prefix = 0, threads = 0;
+  int max_batch_tokens = 512, max_seqs = 64, block_size = 16;
+  uint64_t seed = 1;
+  tp->add_option("-m,--model", model_path, "GGUF model")->required();
+  tp->add_option("--requests", n_requests, "number of requests")->check(CLI::Range(1, 100000));
+  tp->add_option("--concurrency", conc_list, "requests in flight; a comma-separated list runs each in turn");
+  tp->add_option("--prompt-len", prompt_len, "prompt tokens per request")->check(CLI::Range(1, 1 << 20));
+  tp->add_option("--gen-len", gen_len, "generated tokens per request")->check(CLI::Range(1, 1 << 20));
+  tp->add_option("--shared-prefix", shared_prefix, "leading prompt tokens shared by all requests")
+      ->check(CLI::Range(0, 1 << 20));
+  tp->add_option("-o,--output", format, "text or json")->check(CLI::IsMember({"text", "json"}));
+  tp->add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
+  tp->add_option("--kv-memory", kv_mem, "KV pool: bytes (512M, 2G) or a fraction of free RAM");
+  tp->add_option("--max-batch-tokens", max_batch_tokens, "token budget per step")->check(CLI::Range(1, 1 << 20));
+  tp->add_option("--max-seqs", max_seqs, "sequences per step")->check(CLI::Range(1, 1 << 16));
+  tp->add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
+  tp->add_option("--seed", seed, "prompt seed");
+  if (auto rc = parse(app, argc, argv)) return *rc;
+
+  std::vector<int> concs;
+  {
+    std::stringstream ss(conc_list);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      try {
+        size_t used = 0;
+        int c = std::stoi(item, &used);
+        if (used != item.size() || c < 1 || c > 4096) throw std::invalid_argument("range");
+        concs.push_back(c);
+      } catch (...) {
+        return fail(cmd, "--concurrency: expected integers in [1, 4096], got '" + conc_list + "'");
+      }
+    }
+  }
+  if (concs.empty()) return fail(cmd, "--concurrency: empty");
+  if (shared_prefix > prompt_len) return fail(cmd, "--shared-prefix must not exceed --prompt-len");
+  auto kvb = parse_kv_memory(kv_mem);
+  if (!kvb.ok()) return fail(cmd, kvb.status().message());
+  auto model = Model::load(model_path);
+  if (!model.ok()) return fail(cmd, model.status().message());
+  std::shared_ptr<const Model> m(std::move(model.value()));
+  auto tok = Tokenizer::from_gguf(m->file());
+  if (!tok.ok()) return fail(cmd, tok.status().message());
+
+  EngineConfig ec;
+  ec.n_threads = threads;
+  ec.kv_memory_bytes = *kvb;
+  ec.block_size = block_size;
+  ec.max_batch_tokens = max_batch_tokens;
+  ec.max_seqs = max_seqs;
+  ec.max_model_len = std::min<int64_t>(m->config().n_ctx_train, std::max(4096, prompt_len + gen_len + 1));
+  if (prompt_len + gen_len > ec.max_model_len)
+    return fail(cmd, "--prompt-len + --gen-len exceeds the model's context of " + std::to_string(ec.max_model_len));
+
+  nlohmann::json all = nlohmann::json::array();
+  for (int c : concs) {
+    RunResult r = run_once(m, *tok, ec, n_requests, c, prompt_len, gen_len, shared_prefix, seed);
+    auto j = to_json(r);
+    all.push_back(j);
+    if (format == "text") {
+      std::printf(
+          "concurrency %d: %lld requests in %.2f s | gen %.1f tok/s | prefill %.1f tok/s\n"
+          "  TTFT mean %.4f p50 %.4f p99 %.4f s (first %.4f, rest p50 %.4f) | ITL mean %.4f p50 %.4f p99 %.4f s\n"
+          "  KV blocks peak %d/%d, waste %.2f %% | prefix hit rate %.3f | preemptions %lld | errors %lld\n",
+          c, (long long)n_requests, r.wall_s, r.gen_tok_s, r.prefill_tok_s, r.ttft_mean, r.ttft_p50, r.ttft_p99,
+          r.ttft_first, r.ttft_rest_p50, r.itl_mean, r.itl_p50, r.itl_p99, r.stats.kv_blocks_peak,
+          r.stats.kv_blocks_total, (double)j["kv_waste_pct"], (double)j["prefix_hit_rate"],
+          (long long)r.stats.preemptions, (long long)r.errors);
+      std::fflush(stdout);
+    }
+  }
+  if (format == "json") {
+    nlohmann::json out = all.size() == 1 ? all[0] : nlohmann::json{{"runs", all}};
+    if (all.size() > 1) out["gen_tok_s_ratio_last_vs_first"] = (double)all.back()["gen_tok_s"] / (double)all[0]["gen_tok_s"];
+    std::printf("%s\n", out.dump().c_str());
+  } else if (all.size() > 1) {
+    std::printf("gen tok/s ratio (concurrency %d vs %d): %.2f\n", concs.back(), concs.front(),
+                (double)all.back()["gen_tok_s"] / (double)all[0]["gen_tok_s"]);
+  }
+  return 0;
+}
+
+}  // namespace serval::cli
