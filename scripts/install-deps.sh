@@ -9,6 +9,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev
   python3 python3-jinja2
   libpcre2-dev
+  libboost-dev curl nodejs
 )
 
 missing=()

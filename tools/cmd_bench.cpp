@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "bench_http.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "model/model.h"
@@ -165,7 +166,12 @@ nlohmann::json to_json(const RunResult& r) {
 
 int cmd_bench(int argc, char** argv) {
   const std::string cmd = "serval bench";
-  CLI::App app("Benchmarks", cmd);
+  if (argc >= 2 && std::string_view(argv[1]) == "http") {
+    std::string name = "serval bench http";
+    argv[1] = name.data();
+    return cmd_bench_http(argc - 1, argv + 1);
+  }
+  CLI::App app("Benchmarks (also: serval bench http --url URL ... — load an OpenAI-compatible server)", cmd);
   app.require_subcommand(1);
   auto* tp = app.add_subcommand("throughput", "drive the engine directly with concurrent requests");
   std::string model_path, format = "text", kv_mem = "1G", conc_list = "1";

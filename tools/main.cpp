@@ -12,6 +12,7 @@ void usage(FILE* f) {
                "usage: serval <command> [options]\n"
                "\n"
                "commands:\n"
+               "  serve      serve a model behind an OpenAI-compatible HTTP API\n"
                "  run        generate text from a prompt (streams to stdout)\n"
                "  tokenize   print the token ids (and pieces) of a text\n"
                "  gguf       inspect (info) or synthesize (synth) GGUF files\n"
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   std::string name = "serval " + cmd;
   argv[1] = name.data();
   if (cmd == "run") return serval::cli::cmd_run(argc - 1, argv + 1);
+  if (cmd == "serve") return serval::cli::cmd_serve(argc - 1, argv + 1);
   if (cmd == "tokenize") return serval::cli::cmd_tokenize(argc - 1, argv + 1);
   if (cmd == "gguf") return serval::cli::cmd_gguf(argc - 1, argv + 1);
   if (cmd == "bench") return serval::cli::cmd_bench(argc - 1, argv + 1);

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -82,16 +83,32 @@ class RequestStream {
   bool next_for(OutputEvent* ev, int64_t timeout_ms);
   bool done() const;
 
+  // Called (from the engine thread) after each push; must be cheap and must
+  // not call back into the stream's blocking functions. Set it before the
+  // stream can receive events (right after submit) or accept that the first
+  // events may already be queued: call next_for(ev, 0) once after setting it.
+  void set_notify(std::function<void()> fn);
+
   // --- engine side ---
   void push(OutputEvent ev);
 
  private:
+  std::function<void()> notify_;
   const uint64_t id_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<OutputEvent> q_;
   int32_t open_samples_;
   bool failed_ = false;
+};
+
+// What callers above the engine (server, CLI) may know about the model.
+struct EngineInfo {
+  std::string model_name;     // general.name, else the file name
+  std::string architecture;
+  int64_t n_vocab = 0;
+  int64_t max_model_len = 0;  // context per sequence
+  std::string chat_template;  // tokenizer.chat_template; empty when absent
 };
 
 struct EngineStats {
@@ -121,6 +138,7 @@ class Engine {
   void cancel(uint64_t request_id);
 
   EngineStats stats() const;
+  EngineInfo info() const;
   const Tokenizer& tokenizer() const;
   const Model& model() const;
   const EngineConfig& config() const;

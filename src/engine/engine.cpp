@@ -22,11 +22,19 @@ namespace serval {
 // RequestStream
 
 void RequestStream::push(OutputEvent ev) {
+  std::function<void()> notify;
   {
     std::lock_guard<std::mutex> lk(mu_);
     q_.push_back(std::move(ev));
+    notify = notify_;
   }
   cv_.notify_all();
+  if (notify) notify();
+}
+
+void RequestStream::set_notify(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lk(mu_);
+  notify_ = std::move(fn);
 }
 
 bool RequestStream::next_for(OutputEvent* ev, int64_t timeout_ms) {
@@ -543,6 +551,18 @@ void Engine::cancel(uint64_t request_id) {
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(impl_->stats_mu);
   return impl_->stats;
+}
+
+EngineInfo Engine::info() const {
+  EngineInfo i;
+  const auto& f = impl_->model->file();
+  auto name = f.get_string("general.name");
+  i.model_name = name.ok() && !name->empty() ? *name : std::string("model");
+  i.architecture = impl_->model->config().arch.name;
+  i.n_vocab = impl_->model->config().n_vocab;
+  i.max_model_len = impl_->cfg.max_model_len;
+  if (auto t = f.get_string("tokenizer.chat_template"); t.ok()) i.chat_template = *t;
+  return i;
 }
 
 const Tokenizer& Engine::tokenizer() const { return impl_->tok; }

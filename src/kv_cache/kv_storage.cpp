@@ -13,10 +13,9 @@ Expected<KvStorage> KvStorage::create(KvGeometry g, int32_t n_blocks, int32_t n_
   s.g_ = g;
   s.n_blocks_ = n_blocks;
   s.n_host_blocks_ = n_host_blocks;
-  try {
-    s.data_.assign((size_t)n_blocks * g.bytes_per_block() / sizeof(float), 0.0f);
-    s.host_.assign((size_t)n_host_blocks * g.bytes_per_block() / sizeof(float), 0.0f);
-  } catch (const std::bad_alloc&) {
+  s.data_.reset(new (std::nothrow) float[(size_t)n_blocks * g.bytes_per_block() / sizeof(float)]);
+  s.host_.reset(new (std::nothrow) float[std::max<size_t>(1, (size_t)n_host_blocks * g.bytes_per_block() / sizeof(float))]);
+  if (!s.data_ || !s.host_) {
     return Status(StatusCode::resource_exhausted,
                   "cannot allocate " + std::to_string((size_t)n_blocks * g.bytes_per_block()) + " bytes of KV cache");
   }
@@ -27,23 +26,23 @@ void KvStorage::copy_block(BlockId src, BlockId dst) {
   SERVAL_ASSERT(src >= 0 && src < n_blocks_ && dst >= 0 && dst < n_blocks_);
   for (int32_t l = 0; l < g_.n_layers; ++l)
     for (int kv = 0; kv < 2; ++kv)
-      std::memcpy(data_.data() + offset(l, kv, dst), data_.data() + offset(l, kv, src), block_floats() * sizeof(float));
+      std::memcpy(data_.get() + offset(l, kv, dst), data_.get() + offset(l, kv, src), block_floats() * sizeof(float));
 }
 
 void KvStorage::swap_out(const BlockSwap& s) {
   SERVAL_ASSERT(s.device >= 0 && s.device < n_blocks_ && s.host >= 0 && s.host < n_host_blocks_);
-  float* dst = host_.data() + (size_t)s.host * g_.bytes_per_block() / sizeof(float);
+  float* dst = host_.get() + (size_t)s.host * g_.bytes_per_block() / sizeof(float);
   for (int32_t l = 0; l < g_.n_layers; ++l)
     for (int kv = 0; kv < 2; ++kv, dst += block_floats())
-      std::memcpy(dst, data_.data() + offset(l, kv, s.device), block_floats() * sizeof(float));
+      std::memcpy(dst, data_.get() + offset(l, kv, s.device), block_floats() * sizeof(float));
 }
 
 void KvStorage::swap_in(const BlockSwap& s) {
   SERVAL_ASSERT(s.device >= 0 && s.device < n_blocks_ && s.host >= 0 && s.host < n_host_blocks_);
-  const float* src = host_.data() + (size_t)s.host * g_.bytes_per_block() / sizeof(float);
+  const float* src = host_.get() + (size_t)s.host * g_.bytes_per_block() / sizeof(float);
   for (int32_t l = 0; l < g_.n_layers; ++l)
     for (int kv = 0; kv < 2; ++kv, src += block_floats())
-      std::memcpy(data_.data() + offset(l, kv, s.device), src, block_floats() * sizeof(float));
+      std::memcpy(data_.get() + offset(l, kv, s.device), src, block_floats() * sizeof(float));
 }
 
 }  // namespace serval

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/status.h"
@@ -39,10 +40,10 @@ class KvStorage {
   int32_t n_host_blocks() const { return n_host_blocks_; }
 
   // K (or V) rows of one block in one layer: [block_size, kv_dim].
-  float* k(int32_t layer, BlockId b) { return data_.data() + offset(layer, 0, b); }
-  float* v(int32_t layer, BlockId b) { return data_.data() + offset(layer, 1, b); }
-  const float* k(int32_t layer, BlockId b) const { return data_.data() + offset(layer, 0, b); }
-  const float* v(int32_t layer, BlockId b) const { return data_.data() + offset(layer, 1, b); }
+  float* k(int32_t layer, BlockId b) { return data_.get() + offset(layer, 0, b); }
+  float* v(int32_t layer, BlockId b) { return data_.get() + offset(layer, 1, b); }
+  const float* k(int32_t layer, BlockId b) const { return data_.get() + offset(layer, 0, b); }
+  const float* v(int32_t layer, BlockId b) const { return data_.get() + offset(layer, 1, b); }
 
   void copy_block(BlockId src, BlockId dst);   // all layers, K and V
   void swap_out(const BlockSwap& s);           // device block -> host slot
@@ -57,8 +58,10 @@ class KvStorage {
   KvGeometry g_;
   int32_t n_blocks_ = 0;
   int32_t n_host_blocks_ = 0;
-  std::vector<float> data_;  // device pool
-  std::vector<float> host_;  // swap area: [n_host_blocks, n_layers, 2, block_size, kv_dim]
+  // Left uninitialized (every slot is written before it is read), so a large
+  // pool costs no start-up time and pages are committed as they are used.
+  std::unique_ptr<float[]> data_;  // device pool
+  std::unique_ptr<float[]> host_;  // swap area: [n_host_blocks, n_layers, 2, block_size, kv_dim]
 };
 
 }  // namespace serval

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "model/batch_forward.h"
@@ -49,6 +50,11 @@ std::vector<std::vector<float>> run_chunks(BatchForward& bf, std::span<const Blo
 
 }  // namespace
 
+// Against the reference forward (F32 activations, double accumulation). For
+// F32 weights the fast path also keeps activations in F32, so logits agree to
+// rounding; for quantized weights the fast kernels quantize activations to
+// 8-bit blocks as llama.cpp does, so the comparison is on the top-5
+// log-probabilities with the foundation issue's bounds for quantized formats.
 TEST(BatchForward, MatchesReferenceForward) {
   for (const char* file : {"stories260K.gguf", "mini/mini-qwen2-Q4_K_M.gguf", "mini/mini-llama-Q6_K.gguf"}) {
     Fixture f = make(file, 8, 16);
@@ -59,12 +65,38 @@ TEST(BatchForward, MatchesReferenceForward) {
     std::vector<BlockId> table = {5, 2};  // deliberately not 0, 1
     auto got = run_chunks(bf, table, toks, 1);
     std::vector<float> want((size_t)f.model->config().n_vocab);
-    double max_diff = 0;
+    double max_logit = 0, max_lp = 0, sum_lp = 0;
+    int64_t n_lp = 0;
+    auto log_softmax = [](const std::vector<float>& l) {
+      double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+      for (float x : l) sum += std::exp((double)x - mx);
+      std::vector<double> o(l.size());
+      for (size_t i = 0; i < l.size(); ++i) o[i] = (double)l[i] - mx - std::log(sum);
+      return o;
+    };
     for (size_t i = 0; i < toks.size(); ++i) {
       ASSERT_TRUE(ref.eval(toks[i], want).ok());
-      for (size_t v = 0; v < want.size(); ++v) max_diff = std::max(max_diff, (double)std::fabs(got[i][v] - want[v]));
+      for (size_t v = 0; v < want.size(); ++v) max_logit = std::max(max_logit, (double)std::fabs(got[i][v] - want[v]));
+      const auto a = log_softmax(got[i]), b = log_softmax(want);
+      std::vector<size_t> idx(b.size());
+      for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
+      std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](size_t x, size_t y) { return b[x] > b[y]; });
+      for (int k = 0; k < 5; ++k) {
+        const double d = std::fabs(a[idx[(size_t)k]] - b[idx[(size_t)k]]);
+        max_lp = std::max(max_lp, d);
+        sum_lp += d;
+        ++n_lp;
+      }
     }
-    EXPECT_LT(max_diff, 2e-3) << file;
+    const bool f32 = f.model->weights().layers[0].wq.type == DType::f32;
+    std::printf("%-32s max |d logit| %.2e  top-5 |d logprob| mean %.4f max %.4f\n", file, max_logit,
+                sum_lp / (double)n_lp, max_lp);
+    if (f32) {
+      EXPECT_LT(max_logit, 2e-3) << file;
+    } else {
+      EXPECT_LT(sum_lp / (double)n_lp, 0.08) << file;
+      EXPECT_LT(max_lp, 0.4) << file;
+    }
   }
 }
 

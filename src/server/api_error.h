@@ -1,0 +1,29 @@
+// OpenAI-style API errors: every bad request gets a 4xx (or 5xx) with the body
+// {"error": {"message", "type", "param", "code"}}.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+
+namespace serval::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, empty when none
+  std::string code;   // machine-readable, empty when none
+
+  std::string body() const;  // the JSON body
+};
+
+inline ApiError bad_request(std::string message, std::string param = {}, std::string code = {}) {
+  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
+}
+
+// Maps an engine/validation Status to a 400 whose param is the field named at
+// the start of the message ("top_p: expected ...").
+ApiError from_status(const Status& st);
+
+}  // namespace serval::server

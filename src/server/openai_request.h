@@ -1,0 +1,59 @@
+// Parsing and validation of OpenAI requests (/v1/completions,
+// /v1/chat/completions) into engine requests. Every field is type- and
+// range-checked before anything is queued; errors name the field.
+// Pure functions of their inputs; thread-safe.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "serval/engine.h"
+#include "server/api_error.h"
+#include "tokenizer/chat_template/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval::server {
+
+struct ApiLimits {
+  int32_t max_n = 16;
+  size_t max_prompts = 64;             // prompts in one completions request
+  size_t max_messages = 4096;
+  int64_t default_completion_max_tokens = 16;  // OpenAI's default for /v1/completions
+  int max_json_depth = 64;
+};
+
+struct ParsedRequest {
+  bool chat = false;
+  std::string model;
+  std::vector<std::vector<TokenId>> prompts;  // token ids, one per prompt (chat: one)
+  std::vector<std::string> prompt_texts;      // the text of each prompt (echo)
+  SamplingParams params;
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  bool logprobs = false;       // chat: logprobs: true; completions: logprobs given
+  int32_t top_logprobs = 0;
+  int32_t priority = 0;
+};
+
+struct ParseContext {
+  const Tokenizer* tok = nullptr;
+  const ChatTemplate* chat_template = nullptr;  // null: chat is refused with a 400
+  std::string model_name;                      // ids accepted in "model" (besides absent)
+  int64_t n_vocab = 0;
+  int64_t max_model_len = 0;
+  ApiLimits limits;
+};
+
+// Maximum nesting depth of a JSON text (brackets outside strings), computed
+// without building it. Used to refuse deeply nested bodies cheaply.
+int json_depth(std::string_view text);
+
+// Parses the body; returns the request or the error to send.
+std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& body, bool chat, const ParseContext& ctx);
+
+}  // namespace serval::server

@@ -1,0 +1,537 @@
+#include "server/openai_server.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+namespace serval::server {
+
+using json = nlohmann::ordered_json;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s-%016llx", prefix, (unsigned long long)rng());
+  return buf;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Constant-time string equality (the length is not secret).
+bool ct_equal(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= (unsigned char)(a[i] ^ b[i]);
+  return d == 0;
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back((int)c);
+  return b;
+}
+
+}  // namespace
+
+// One API request in flight: its engine streams, the accumulated choices, and
+// the response channel. Event handling is serialized by `mu`.
+struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
+  struct Choice {
+    std::string text;
+    json logprobs_content = json::array();     // chat
+    json lp_tokens = json::array(), lp_token_logprobs = json::array(), lp_top = json::array(), lp_offsets = json::array();
+    std::string finish;
+    bool role_sent = false;
+    int64_t completion_tokens = 0;
+  };
+
+  OpenAiServer* srv = nullptr;
+  uint64_t job_id = 0;
+  std::string id;
+  int64_t created = 0;
+  ParsedRequest req;
+  std::shared_ptr<http::ResponseChannel> ch;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<Choice> choices;
+  int64_t prompt_tokens = 0, cached_tokens = 0;
+  int64_t reserved_tokens = 0;
+  clock_type::time_point deadline = clock_type::time_point::max();
+  std::mutex mu;
+  size_t open_streams = 0;
+  bool finished = false;
+
+  void cancel_all() {
+    for (auto& s : streams) srv->engine_.cancel(s->id());
+  }
+
+  void write_event(const json& chunk) { ch->write("data: " + dump(chunk) + "\n\n"); }
+
+  json chunk_base() const {
+    return json{{"id", id}, {"object", req.chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                {"model", req.model}};
+  }
+
+  // Adds one event's logprobs to choice c; returns the per-chunk logprobs JSON.
+  json add_logprobs(Choice& c, const OutputEvent& ev) {
+    const Tokenizer& tok = srv->engine_.tokenizer();
+    if (req.chat) {
+      json content = json::array();
+      for (const auto& lp : ev.logprobs) {
+        const std::string piece = tok.token_to_piece(lp.chosen.token);
+        json top = json::array();
+        for (int i = 0; i < req.top_logprobs && i < (int)lp.top.size(); ++i) {
+          const std::string tp = tok.token_to_piece(lp.top[(size_t)i].token);
+          top.push_back({{"token", tp}, {"logprob", lp.top[(size_t)i].logprob}, {"bytes", bytes_of(tp)}});
+        }
+        json e = {{"token", piece}, {"logprob", lp.chosen.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}};
+        content.push_back(e);
+        c.logprobs_content.push_back(e);
+      }
+      return json{{"content", content}};
+    }
+    json tokens = json::array(), tlp = json::array(), top = json::array(), offs = json::array();
+    for (const auto& lp : ev.logprobs) {
+      const std::string piece = tok.token_to_piece(lp.chosen.token);
+      json t = json::object();
+      for (int i = 0; i < req.top_logprobs && i < (int)lp.top.size(); ++i)
+        t[tok.token_to_piece(lp.top[(size_t)i].token)] = lp.top[(size_t)i].logprob;
+      tokens.push_back(piece);
+      tlp.push_back(lp.chosen.logprob);
+      top.push_back(t);
+      offs.push_back((int64_t)c.text.size());
+    }
+    for (auto& x : tokens) c.lp_tokens.push_back(x);
+    for (auto& x : tlp) c.lp_token_logprobs.push_back(x);
+    for (auto& x : top) c.lp_top.push_back(x);
+    for (auto& x : offs) c.lp_offsets.push_back(x);
+    return json{{"tokens", tokens}, {"token_logprobs", tlp}, {"top_logprobs", top}, {"text_offset", offs}};
+  }
+
+  void on_event(size_t stream_idx, const OutputEvent& ev) {
+    if (finished) return;
+    if (!ev.error.ok()) {
+      fail(ApiError{500, ev.error.message(), "server_error", "", ""});
+      return;
+    }
+    const size_t prompt_idx = stream_idx;
+    const size_t ci = prompt_idx * (size_t)req.n + (size_t)ev.index;
+    Choice& c = choices[ci];
+    json lp = nullptr;
+    if (req.logprobs && !ev.logprobs.empty()) lp = add_logprobs(c, ev);
+    c.text += ev.text;
+    c.completion_tokens += (int64_t)ev.tokens.size();
+    if (ev.finish != FinishReason::none) {
+      c.finish = finish_reason_name(ev.finish);
+      if (ev.index == 0) cached_tokens += ev.cached_prompt_tokens;
+      srv->count_finish(c.finish);
+    }
+    if (req.stream) {
+      json chunk = chunk_base();
+      json choice = {{"index", ci}};
+      if (req.chat) {
+        json delta = json::object();
+        if (!c.role_sent) {
+          delta["role"] = "assistant";
+          c.role_sent = true;
+        }
+        if (!ev.text.empty() || delta.contains("role")) delta["content"] = ev.text;
+        choice["delta"] = delta;
+      } else {
+        choice["text"] = ev.text;
+      }
+      choice["logprobs"] = lp;
+      choice["finish_reason"] = ev.finish == FinishReason::none ? json(nullptr) : json(c.finish);
+      chunk["choices"] = json::array({choice});
+      if (!ev.text.empty() || ev.finish != FinishReason::none || !lp.is_null() || req.chat) write_event(chunk);
+    }
+  }
+
+  json usage() const {
+    int64_t completion = 0;
+    for (const auto& c : choices) completion += c.completion_tokens;
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt_tokens + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+  }
+
+  void complete() {
+    finished = true;
+    if (req.stream) {
+      if (req.include_usage) {
+        json chunk = chunk_base();
+        chunk["choices"] = json::array();
+        chunk["usage"] = usage();
+        write_event(chunk);
+      }
+      ch->write("data: [DONE]\n\n");
+      ch->end();
+    } else {
+      json out = {{"id", id}, {"object", req.chat ? "chat.completion" : "text_completion"}, {"created", created},
+                  {"model", req.model}};
+      json arr = json::array();
+      for (size_t i = 0; i < choices.size(); ++i) {
+        const Choice& c = choices[i];
+        json ch_json = {{"index", i}};
+        if (req.chat) {
+          ch_json["message"] = {{"role", "assistant"}, {"content", c.text}};
+          ch_json["logprobs"] = req.logprobs ? json{{"content", c.logprobs_content}} : json(nullptr);
+        } else {
+          std::string text = req.echo ? req.prompt_texts[i / (size_t)req.n] + c.text : c.text;
+          ch_json["text"] = text;
+          ch_json["logprobs"] = req.logprobs ? json{{"tokens", c.lp_tokens},
+                                                     {"token_logprobs", c.lp_token_logprobs},
+                                                     {"top_logprobs", c.lp_top},
+                                                     {"text_offset", c.lp_offsets}}
+                                             : json(nullptr);
+        }
+        ch_json["finish_reason"] = c.finish.empty() ? json(nullptr) : json(c.finish);
+        arr.push_back(ch_json);
+      }
+      out["choices"] = arr;
+      out["usage"] = usage();
+      srv->send_json(ch, 200, dump(out));
+    }
+    srv->job_done(*this);
+  }
+
+  void fail(const ApiError& e) {
+    if (finished) return;
+    finished = true;
+    cancel_all();
+    if (req.stream) {
+      ch->write("data: " + e.body() + "\n\n");
+      ch->write("data: [DONE]\n\n");
+      ch->end();
+    } else {
+      srv->send_error(ch, e);
+    }
+    srv->job_done(*this);
+  }
+
+  // Drains every stream's queued events (any thread; serialized).
+  void pump() {
+    std::lock_guard<std::mutex> lk(mu);
+    if (finished) return;
+    for (size_t i = 0; i < streams.size() && !finished; ++i) {
+      OutputEvent ev;
+      while (!finished && streams[i]->next_for(&ev, 0)) on_event(i, ev);
+    }
+    if (finished) return;
+    bool all_done = true;
+    for (auto& s : streams) all_done = all_done && s->done();
+    if (all_done) complete();
+  }
+};
+
+Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, ServerConfig cfg) {
+  std::unique_ptr<OpenAiServer> s(new OpenAiServer(engine, std::move(cfg)));
+  const EngineInfo info = engine.info();
+  if (s->cfg_.model_name.empty()) s->cfg_.model_name = info.model_name;
+  std::optional<std::string> from_model;
+  if (!info.chat_template.empty()) from_model = info.chat_template;
+  if (s->cfg_.chat_template || from_model) {
+    auto t = select_chat_template(s->cfg_.chat_template, from_model);
+    if (!t.ok()) return t.status().with_context("chat template");
+    s->chat_template_ = std::move(t.value());
+  }
+  s->parse_ctx_.tok = &engine.tokenizer();
+  s->parse_ctx_.chat_template = s->chat_template_ ? &*s->chat_template_ : nullptr;
+  s->parse_ctx_.model_name = s->cfg_.model_name;
+  s->parse_ctx_.n_vocab = info.n_vocab;
+  s->parse_ctx_.max_model_len = info.max_model_len;
+  s->parse_ctx_.limits = s->cfg_.limits;
+  OpenAiServer* raw = s.get();
+  s->reaper_ = std::thread([raw] { raw->reaper_loop(); });
+  return s;
+}
+
+OpenAiServer::~OpenAiServer() {
+  stop_reaper_ = true;
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void OpenAiServer::count_status(int status) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++status_counts_[status];
+}
+
+void OpenAiServer::count_finish(const std::string& reason) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++finish_counts_[reason];
+}
+
+void OpenAiServer::send_json(const std::shared_ptr<http::ResponseChannel>& ch, int status, const std::string& body) {
+  count_status(status);
+  ch->send(status, "application/json", body);
+}
+
+void OpenAiServer::send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra) {
+  count_status(e.status);
+  ch->send(e.status, "application/json", e.body(), std::move(extra));
+}
+
+bool OpenAiServer::authorized(const http::HttpRequest& req) const {
+  if (cfg_.api_keys.empty()) return true;
+  const std::string h = req.header("authorization");
+  const std::string prefix = "Bearer ";
+  const std::string given = h.rfind(prefix, 0) == 0 ? h.substr(prefix.size()) : std::string();
+  bool ok = false;
+  for (const auto& k : cfg_.api_keys) ok |= ct_equal(given, k);  // no early exit
+  return ok && !given.empty();
+}
+
+void OpenAiServer::begin_drain() { draining_ = true; }
+
+// Callers hold their own reference to the job (notify lambdas lock a weak
+// pointer; the handler and the reaper hold shared pointers), so erasing the
+// registry's reference here never destroys the job under its own feet.
+void OpenAiServer::job_done(Job& job) {
+  inflight_requests_--;
+  inflight_tokens_ -= job.reserved_tokens;
+  std::lock_guard<std::mutex> lk(mu_);
+  jobs_.erase(job.job_id);
+}
+
+void OpenAiServer::reaper_loop() {
+  while (!stop_reaper_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::vector<std::shared_ptr<Job>> expired;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      const auto now = clock_type::now();
+      for (auto& [id, j] : jobs_)
+        if (now > j->deadline) expired.push_back(j);
+    }
+    for (auto& j : expired) {
+      std::lock_guard<std::mutex> lk(j->mu);
+      j->fail(ApiError{408, "request exceeded the server's deadline of " + std::to_string(cfg_.request_timeout_s) + " s",
+                       "timeout_error", "", "deadline_exceeded"});
+    }
+  }
+}
+
+void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseChannel> ch) {
+  const std::string& path = req.path;
+  if (path == "/health") {
+    if (req.method != "GET") return send_error(ch, ApiError{405, "use GET", "invalid_request_error", "", ""});
+    return send_json(ch, 200, R"({"status":"ok"})");
+  }
+  if (!authorized(req))
+    return send_error(ch, ApiError{401, "missing or invalid API key (Authorization: Bearer ...)",
+                                   "invalid_request_error", "", "invalid_api_key"});
+  if (path == "/ready") {
+    if (draining_) return send_error(ch, ApiError{503, "server is draining", "server_error", "", "draining"});
+    return send_json(ch, 200, R"({"status":"ready"})");
+  }
+  if (path == "/metrics") {
+    count_status(200);
+    return ch->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_text());
+  }
+  if (draining_)
+    return send_error(ch, ApiError{503, "server is shutting down; no new requests", "server_error", "", "draining"});
+  const bool post = req.method == "POST";
+  if (path == "/v1/models") {
+    if (req.method != "GET") return send_error(ch, ApiError{405, "use GET", "invalid_request_error", "", ""});
+    const EngineInfo info = engine_.info();
+    json m = {{"id", cfg_.model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
+              {"max_model_len", info.max_model_len}};
+    return send_json(ch, 200, dump(json{{"object", "list"}, {"data", json::array({m})}}));
+  }
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (!post) return send_error(ch, ApiError{405, "use POST", "invalid_request_error", "", ""});
+    return handle_generate(req, std::move(ch), path == "/v1/chat/completions");
+  }
+  if (path == "/tokenize") {
+    if (!post) return send_error(ch, ApiError{405, "use POST", "invalid_request_error", "", ""});
+    return handle_tokenize(req, ch);
+  }
+  if (path == "/detokenize") {
+    if (!post) return send_error(ch, ApiError{405, "use POST", "invalid_request_error", "", ""});
+    return handle_detokenize(req, ch);
+  }
+  send_error(ch, ApiError{404, "no route for " + req.method + " " + path, "invalid_request_error", "", "not_found"});
+}
+
+void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::shared_ptr<http::ResponseChannel> ch,
+                                   bool chat) {
+  auto parsed = parse_openai_request(http_req.body, chat, parse_ctx_);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
+  ParsedRequest& r = std::get<ParsedRequest>(parsed);
+
+  // Admission: bounded requests and tokens in flight; past them, 429 with a
+  // Retry-After estimated from the current drain rate.
+  const int64_t max_len = parse_ctx_.max_model_len;
+  int64_t need = 0, prompt_total = 0;
+  for (const auto& p : r.prompts) {
+    const int64_t gen = r.params.max_tokens ? *r.params.max_tokens : max_len - (int64_t)p.size();
+    need += ((int64_t)p.size() + gen) * r.n;
+    prompt_total += (int64_t)p.size();
+  }
+  const size_t reqs = ++inflight_requests_;
+  const int64_t toks = (inflight_tokens_ += need);
+  if (reqs > cfg_.max_inflight_requests || (toks > cfg_.max_inflight_tokens && reqs > 1)) {
+    --inflight_requests_;
+    inflight_tokens_ -= need;
+    const EngineStats st = engine_.stats();
+    const double up = std::chrono::duration<double>(clock_type::now() - started_).count();
+    const double rate = up > 0 ? (double)st.generated_tokens / up : 0;
+    const int64_t retry = rate > 1 ? std::clamp<int64_t>((int64_t)std::ceil((double)toks / rate), 1, 600) : 5;
+    return send_error(ch, ApiError{429, "server is at capacity (" + std::to_string(reqs - 1) + " requests, " +
+                                            std::to_string(toks - need) + " tokens in flight); retry later",
+                                   "rate_limit_error", "", "rate_limit_exceeded"},
+                      {{"Retry-After", std::to_string(retry)}});
+  }
+
+  auto job = std::make_shared<Job>();
+  job->srv = this;
+  job->id = random_id(chat ? "chatcmpl" : "cmpl");
+  job->created = unix_now();
+  job->ch = ch;
+  job->reserved_tokens = need;
+  job->prompt_tokens = prompt_total;
+  job->choices.resize(r.prompts.size() * (size_t)r.n);
+  if (cfg_.request_timeout_s > 0)
+    job->deadline = clock_type::now() + std::chrono::milliseconds((int64_t)(cfg_.request_timeout_s * 1000));
+  job->req = std::move(r);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    job->job_id = next_job_++;
+    jobs_[job->job_id] = job;
+  }
+
+  {
+    std::lock_guard<std::mutex> lk(job->mu);
+    for (const auto& p : job->req.prompts) {
+      Request er;
+      er.prompt = p;
+      er.params = job->req.params;
+      er.n = job->req.n;
+      er.priority = job->req.priority;
+      auto s = engine_.submit(std::move(er));
+      if (!s.ok()) return job->fail(from_status(s.status()));
+      job->streams.push_back(*s);
+    }
+    if (job->req.stream) {
+      ch->start_stream(200, "text/event-stream");
+      if (job->req.echo) {
+        for (size_t i = 0; i < job->choices.size(); ++i) {
+          json chunk = job->chunk_base();
+          chunk["choices"] = json::array({{{"index", i}, {"text", job->req.prompt_texts[i / (size_t)job->req.n]},
+                                          {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+          job->write_event(chunk);
+        }
+      }
+    }
+    std::weak_ptr<Job> weak = job;
+    ch->on_disconnect([weak] {
+      if (auto j = weak.lock()) j->cancel_all();
+    });
+    for (auto& s : job->streams)
+      s->set_notify([weak] {
+        if (auto j = weak.lock()) j->pump();
+      });
+  }
+  // Events that arrived before the notifiers were set are drained here; the
+  // job stays alive through jobs_ until it completes.
+  job->pump();
+}
+
+void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {
+  if (json_depth(req.body) > cfg_.limits.max_json_depth) return send_error(ch, bad_request("request body nests too deeply"));
+  json j;
+  try {
+    j = json::parse(req.body);
+  } catch (const json::exception& e) {
+    return send_error(ch, bad_request(std::string("request body is not valid JSON: ") + e.what()));
+  }
+  if (!j.is_object()) return send_error(ch, bad_request("request body must be a JSON object"));
+  const Tokenizer& tok = engine_.tokenizer();
+  bool add_special = true;
+  if (j.contains("add_special")) {
+    if (!j["add_special"].is_boolean()) return send_error(ch, bad_request("add_special: expected a boolean", "add_special"));
+    add_special = j["add_special"].get<bool>();
+  }
+  std::vector<TokenId> ids;
+  if (j.contains("prompt") && j["prompt"].is_string()) {
+    ids = tok.encode(j["prompt"].get<std::string>(), add_special && tok.add_bos(), true);
+  } else if (j.contains("messages")) {
+    std::string body = req.body;
+    auto parsed = parse_openai_request(body, true, parse_ctx_);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
+    ids = std::get<ParsedRequest>(parsed).prompts[0];
+  } else {
+    return send_error(ch, bad_request("prompt: expected a string (or messages)", "prompt"));
+  }
+  json pieces = json::array();
+  for (TokenId t : ids) pieces.push_back(tok.token_to_piece(t, true));
+  send_json(ch, 200,
+            dump(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", parse_ctx_.max_model_len},
+                      {"token_strs", pieces}}));
+}
+
+void OpenAiServer::handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {
+  if (json_depth(req.body) > cfg_.limits.max_json_depth) return send_error(ch, bad_request("request body nests too deeply"));
+  json j;
+  try {
+    j = json::parse(req.body);
+  } catch (const json::exception& e) {
+    return send_error(ch, bad_request(std::string("request body is not valid JSON: ") + e.what()));
+  }
+  if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
+    return send_error(ch, bad_request("tokens: expected an array of token ids", "tokens"));
+  std::vector<TokenId> ids;
+  for (const auto& t : j["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= parse_ctx_.n_vocab)
+      return send_error(ch, bad_request("tokens: ids must be integers in [0, " + std::to_string(parse_ctx_.n_vocab) + ")",
+                                        "tokens", "invalid_token_id"));
+    ids.push_back((TokenId)t.get<int64_t>());
+  }
+  send_json(ch, 200, dump(json{{"prompt", engine_.tokenizer().decode(ids)}}));
+}
+
+std::string OpenAiServer::metrics_text() const {
+  const EngineStats s = engine_.stats();
+  const std::string lbl = "model=\"" + cfg_.model_name + "\"";
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, double v, const std::string& extra = "") {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+    o << name << "{" << lbl << extra << "} " << v << "\n";
+  };
+  metric("serval_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)s.prompt_tokens);
+  metric("serval_generation_tokens_total", "counter", "Generated tokens.", (double)s.generated_tokens);
+  metric("serval_prefill_tokens_computed_total", "counter", "Prompt tokens run through the model (after prefix hits).",
+         (double)s.prefill_tokens_computed);
+  metric("serval_engine_steps_total", "counter", "Engine steps (batched forward passes).", (double)s.steps);
+  metric("serval_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.", (double)s.preemptions);
+  metric("serval_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+         (double)s.prefix_query_tokens);
+  metric("serval_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
+         (double)s.prefix_hit_tokens);
+  metric("serval_requests_running", "gauge", "Sequences in the running batch.", (double)s.running);
+  metric("serval_requests_waiting", "gauge", "Sequences waiting to be scheduled.", (double)s.waiting);
+  metric("serval_kv_blocks_used", "gauge", "KV-cache blocks in use.", (double)s.kv_blocks_used);
+  metric("serval_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", (double)s.kv_blocks_total);
+  metric("serval_kv_usage_ratio", "gauge", "Used / total KV-cache blocks.",
+         s.kv_blocks_total ? (double)s.kv_blocks_used / s.kv_blocks_total : 0.0);
+  metric("serval_http_requests_in_flight", "gauge", "Generation requests accepted and not finished.",
+         (double)inflight_requests_.load());
+  std::lock_guard<std::mutex> lk(mu_);
+  o << "# HELP serval_http_responses_total HTTP responses by status code.\n# TYPE serval_http_responses_total counter\n";
+  for (const auto& [code, n] : status_counts_)
+    o << "serval_http_responses_total{" << lbl << ",code=\"" << code << "\"} " << n << "\n";
+  o << "# HELP serval_request_finished_total Finished sequences by finish reason.\n# TYPE serval_request_finished_total counter\n";
+  for (const auto& [reason, n] : finish_counts_)
+    o << "serval_request_finished_total{" << lbl << ",finish_reason=\"" << reason << "\"} " << n << "\n";
+  return o.str();
+}
+
+}  // namespace serval::server

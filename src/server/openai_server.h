@@ -1,0 +1,87 @@
+// The OpenAI-compatible API over the engine: routes, auth, admission control,
+// streaming (SSE) and non-streaming responses, cancellation on disconnect,
+// draining for graceful shutdown, and /metrics.
+//
+// Threads: handle() is called on HTTP I/O threads and never blocks; engine
+// events arrive on the engine thread through RequestStream notifications and
+// are turned into response bytes there (cheap JSON formatting). A reaper
+// thread enforces per-request deadlines. All shared state is behind mutexes
+// or atomics.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serval/engine.h"
+#include "server/http_server.h"
+#include "server/openai_request.h"
+
+namespace serval::server {
+
+struct ServerConfig {
+  std::vector<std::string> api_keys;         // empty: no auth
+  std::string model_name;                    // id served under /v1/models; empty: from the model
+  std::optional<std::string> chat_template;  // from --chat-template (overrides the model's)
+  size_t max_inflight_requests = 256;        // accepted and not finished; past it: 429
+  int64_t max_inflight_tokens = 1 << 20;     // sum of (prompt + max new tokens) x n in flight; past it: 429
+  double request_timeout_s = 0;              // per-request deadline; 0 = none
+  ApiLimits limits;
+};
+
+class OpenAiServer {
+ public:
+  // Errors: a chat template (flag or model) that does not compile.
+  static Expected<std::unique_ptr<OpenAiServer>> create(Engine& engine, ServerConfig cfg);
+  ~OpenAiServer();
+
+  void handle(http::HttpRequest req, std::shared_ptr<http::ResponseChannel> ch);
+
+  // Readiness off; new requests get 503; in-flight ones continue.
+  void begin_drain();
+  bool draining() const { return draining_; }
+  size_t in_flight() const { return inflight_requests_; }
+
+  std::string metrics_text() const;
+  const std::string& model_name() const { return cfg_.model_name; }
+
+  struct Job;
+
+ private:
+  OpenAiServer(Engine& engine, ServerConfig cfg) : engine_(engine), cfg_(std::move(cfg)) {}
+  void handle_generate(const http::HttpRequest& req, std::shared_ptr<http::ResponseChannel> ch, bool chat);
+  void handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
+  void handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
+  void send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra = {});
+  void send_json(const std::shared_ptr<http::ResponseChannel>& ch, int status, const std::string& body);
+  bool authorized(const http::HttpRequest& req) const;
+  void count_status(int status);
+  void count_finish(const std::string& reason);
+  void job_done(Job& job);
+  void reaper_loop();
+
+  Engine& engine_;
+  ServerConfig cfg_;
+  std::optional<ChatTemplate> chat_template_;
+  ParseContext parse_ctx_;
+  std::atomic<bool> draining_{false};
+  std::atomic<size_t> inflight_requests_{0};
+  std::atomic<int64_t> inflight_tokens_{0};
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+
+  mutable std::mutex mu_;  // guards the maps below
+  std::map<int, int64_t> status_counts_;
+  std::map<std::string, int64_t> finish_counts_;
+  std::map<uint64_t, std::shared_ptr<Job>> jobs_;  // owns each job until job_done()
+  uint64_t next_job_ = 1;
+
+  std::atomic<bool> stop_reaper_{false};
+  std::thread reaper_;
+};
+
+}  // namespace serval::server

@@ -1,0 +1,158 @@
+// serval bench http: a load generator for OpenAI-compatible servers.
+//
+// C client threads (each with its own keep-alive connection) send N streaming
+// requests in total to POST {url}/v1/completions (or /v1/chat/completions), parse
+// the SSE stream and report requests/s, generated and prompt tokens/s, TTFT,
+// inter-token latency and end-to-end latency percentiles and errors by status.
+//
+// The pieces below are exposed for tests/bench_http; the CLI entry point is
+// cmd_bench_http (argv[0] is the command name, e.g. "serval bench http").
+// Nothing here is shared between threads except where a comment says so.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace serval::cli {
+
+// Runs `serval bench http`; returns 0 ok, 1 runtime failure (server unreachable,
+// every request failed), 2 bad usage. Prints the report on stdout.
+int cmd_bench_http(int argc, char** argv);
+
+namespace bench_http {
+
+// A plain-HTTP base URL: http://host[:port][/prefix]. A trailing "/" or "/v1"
+// on the prefix is dropped, so http://h:8000/v1 (the OpenAI "base_url") works too.
+struct Target {
+  std::string host;         // hostname, IPv4, or IPv6 without brackets
+  std::string port = "80";  // decimal, 1..65535
+  std::string base;         // "" or "/prefix" (no trailing slash)
+  std::string host_header;  // "host:port" as sent in Host
+};
+Expected<Target> parse_url(std::string_view url);
+
+// Server-sent events: feed bytes as they arrive; each complete event's data
+// (its data: lines joined by '\n') is handed to the callback. Lines end in LF or
+// CRLF; comments and other fields are ignored. One event may be at most
+// max_event_bytes long (false from feed() once it is exceeded).
+class SseParser {
+ public:
+  explicit SseParser(size_t max_event_bytes = 16u << 20) : max_(max_event_bytes) {}
+  template <typename F>
+  bool feed(std::string_view bytes, F&& on_event);
+
+ private:
+  size_t max_;
+  std::string pending_;  // bytes of an unfinished line
+  std::string data_;     // data of the event being built
+  bool has_data_ = false;
+};
+
+// Linear-interpolated percentile (p in [0, 100]) of v; 0 when empty.
+double percentile(std::vector<double> v, double p);
+
+enum class Endpoint { completions, chat };
+
+struct Options {
+  std::string url;
+  Endpoint endpoint = Endpoint::completions;
+  std::string model;    // empty: the first id of GET /v1/models
+  std::string api_key;  // empty: no Authorization header
+  std::vector<int> concurrency{1};
+  int requests = 64;
+  int prompt_len = 128;
+  int gen_len = 128;
+  int shared_prefix = 0;  // leading prompt tokens common to every request
+  double timeout_s = 300;  // per request attempt (connect + send + whole stream)
+  int max_retries = 3;     // retries of a request answered 429 (after Retry-After)
+  double max_retry_wait_s = 60;  // Retry-After is capped at this
+  int warmup = 0;          // requests sent (one at a time, not counted) before each run
+  bool calibrate = true;   // ask POST /tokenize once for tokens per word
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+// What one run (one concurrency level) measured.
+struct RunResult {
+  int concurrency = 0;
+  int64_t requests = 0, completed = 0, failed = 0;
+  double wall_s = 0;
+  int64_t gen_tokens = 0, prompt_tokens = 0;
+  std::vector<double> ttft, itl, e2e, tpot;  // seconds; ttft/e2e/tpot one per completed request
+  std::map<int, int64_t> status_errors;      // HTTP status (not 200) -> responses
+  int64_t connection_errors = 0;             // connect/reset/EOF before a complete response
+  int64_t timeouts = 0;                      // attempts that ran past --timeout
+  int64_t stream_errors = 0;                 // 200 but a bad stream (error event, bad JSON, no [DONE])
+  int64_t retries_429 = 0;                   // 429s waited out and retried
+  int64_t short_generations = 0;             // completed with completion_tokens != gen_len
+  std::string last_error;                    // one example, for the report
+};
+
+// Bench inputs resolved against the server (model, tokens per word).
+struct Plan {
+  Target target;
+  std::string model;
+  double tokens_per_word = 1.3;
+  bool calibrated = false;
+  int prompt_words = 0, prefix_words = 0;
+};
+
+// Resolves the model and calibrates the prompt size against the server.
+// Connection failure: an error whose message names the URL.
+Expected<Plan> make_plan(const Options& opt);
+
+// The request body of request `index` (deterministic in seed and index).
+std::string request_body(const Options& opt, const Plan& plan, int64_t index);
+
+// Runs opt.requests requests at `concurrency` and measures them.
+Expected<RunResult> run_load(const Options& opt, const Plan& plan, int concurrency);
+
+// Parses argv and runs; the report goes to `out`. Same statuses as cmd_bench_http.
+int run_cli(int argc, char** argv, std::FILE* out);
+
+// ---- inline template ----
+
+template <typename F>
+bool SseParser::feed(std::string_view bytes, F&& on_event) {
+  size_t pos = 0;
+  while (pos < bytes.size()) {
+    const size_t nl = bytes.find('\n', pos);
+    if (nl == std::string_view::npos) {
+      pending_.append(bytes.substr(pos));
+      return pending_.size() + data_.size() <= max_;
+    }
+    std::string_view line = bytes.substr(pos, nl - pos);
+    if (!pending_.empty()) {
+      pending_.append(line);
+      line = pending_;
+    }
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) {
+      if (has_data_) {
+        if (!data_.empty() && data_.back() == '\n') data_.pop_back();
+        on_event(std::string_view(data_));
+      }
+      data_.clear();
+      has_data_ = false;
+    } else if (line.substr(0, 5) == "data:") {
+      std::string_view v = line.substr(5);
+      if (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+      data_.append(v);
+      data_.push_back('\n');
+      has_data_ = true;
+    }  // else: ":" comment, event:/id:/retry: fields — not used by OpenAI streams
+    pending_.clear();
+    if (data_.size() > max_) return false;
+    pos = nl + 1;
+  }
+  return true;
+}
+
+}  // namespace bench_http
+}  // namespace serval::cli

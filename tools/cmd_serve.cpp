@@ -1,0 +1,192 @@
+// serval serve -m MODEL [--host H] [--port P] ...: the OpenAI-compatible server.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <pthread.h>
+#include <sstream>
+#include <thread>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "common/thread_pool.h"
+#include "model/model.h"
+#include "serval/engine.h"
+#include "server/http_server.h"
+#include "server/openai_server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval::cli {
+namespace {
+
+bool read_file(const std::string& path, std::string* out, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return out->size() <= max_bytes;
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+  const std::string cmd = "serval serve";
+  CLI::App app("Serve a model behind an OpenAI-compatible HTTP API", cmd);
+  std::string model_path, host = "127.0.0.1", api_key_file, chat_template_file, served_name, kv_memory = "1G",
+              swap_memory = "0";
+  std::vector<std::string> api_keys;
+  int port = 8080, threads = 0, http_threads = 2, max_batch_tokens = 512, max_seqs = 64, block_size = 16;
+  int64_t ctx = 0;
+  size_t max_body = 8u << 20, max_header = 16u << 10, max_queue_requests = 256;
+  int64_t max_queue_tokens = 1 << 20;
+  double request_timeout = 0, drain_timeout = 30;
+  int read_timeout = 30, max_n = 16;
+  bool no_prefix_cache = false;
+  app.add_option("-m,--model", model_path, "GGUF model file")->required();
+  app.add_option("--host", host, "address to listen on");
+  app.add_option("--port", port, "port (0: any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--api-key", api_keys, "require 'Authorization: Bearer KEY' (repeatable)");
+  app.add_option("--api-key-file", api_key_file, "file with one API key per line");
+  app.add_option("--chat-template", chat_template_file, "Jinja chat template file (overrides the model's)");
+  app.add_option("--served-model-name", served_name, "model id in the API (default: general.name)");
+  app.add_option("-t,--threads", threads, "compute threads (default: physical cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
+  app.add_option("--kv-memory", kv_memory, "KV cache pool: bytes (512M, 2G) or a fraction of free RAM");
+  app.add_option("--swap-memory", swap_memory, "host swap space for preemption by swapping (0: recompute)");
+  app.add_option("-c,--ctx-size,--max-model-len", ctx, "context per sequence (0: the model's, at most 4096)")
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
+  app.add_option("--max-batch-tokens", max_batch_tokens, "token budget of one engine step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-seqs", max_seqs, "sequences per engine step")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
+  app.add_flag("--no-prefix-caching", no_prefix_cache, "disable prefix caching");
+  app.add_option("--max-body-bytes", max_body, "largest request body (413 past it)")->check(CLI::Range((size_t)1024, (size_t)1 << 30));
+  app.add_option("--max-header-bytes", max_header, "largest request headers (431 past it)")->check(CLI::Range((size_t)1024, (size_t)1 << 20));
+  app.add_option("--read-timeout", read_timeout, "seconds for a request's headers and body to arrive")->check(CLI::Range(1, 3600));
+  app.add_option("--max-queue-requests", max_queue_requests, "requests in flight before 429")->check(CLI::Range((size_t)1, (size_t)1 << 20));
+  app.add_option("--max-queue-tokens", max_queue_tokens, "prompt + max_tokens in flight before 429")->check(CLI::Range((int64_t)1, (int64_t)1 << 40));
+  app.add_option("--max-n", max_n, "largest n per request")->check(CLI::Range(1, 128));
+  app.add_option("--request-timeout", request_timeout, "per-request deadline in seconds (0: none)")->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--drain-timeout", drain_timeout, "seconds to let in-flight requests finish on SIGTERM")->check(CLI::Range(0.0, 86400.0));
+  if (auto rc = parse(app, argc, argv)) return *rc;
+
+  if (!api_key_file.empty()) {
+    std::string text;
+    if (!read_file(api_key_file, &text, 1 << 20)) return fail(cmd, "cannot read --api-key-file '" + api_key_file + "'");
+    std::stringstream ss(text);
+    std::string line;
+    while (std::getline(ss, line)) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+      if (!line.empty()) api_keys.push_back(line);
+    }
+    if (api_keys.empty()) return fail(cmd, "--api-key-file '" + api_key_file + "' holds no key");
+  }
+  server::ServerConfig scfg;
+  scfg.api_keys = api_keys;
+  scfg.model_name = served_name;
+  if (!chat_template_file.empty()) {
+    std::string t;
+    if (!read_file(chat_template_file, &t, 256 * 1024))
+      return fail(cmd, "cannot read --chat-template '" + chat_template_file + "' (or larger than 256 KiB)");
+    scfg.chat_template = t;
+  }
+  scfg.max_inflight_requests = max_queue_requests;
+  scfg.max_inflight_tokens = max_queue_tokens;
+  scfg.request_timeout_s = request_timeout;
+  scfg.limits.max_n = max_n;
+
+  auto kvb = parse_kv_memory(kv_memory);
+  if (!kvb.ok()) return fail(cmd, kvb.status().message());
+  size_t swap_bytes = 0;
+  if (swap_memory != "0") {
+    auto sb = parse_kv_memory(swap_memory);
+    if (!sb.ok()) return fail(cmd, "--swap-memory: " + sb.status().message());
+    swap_bytes = *sb;
+  }
+
+  // Signals go to a dedicated thread (blocked here, before any thread starts).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto model = Model::load(model_path);
+  if (!model.ok()) return fail(cmd, model.status().message());
+  std::shared_ptr<const Model> m(std::move(model.value()));
+  auto tok = Tokenizer::from_gguf(m->file());
+  if (!tok.ok()) return fail(cmd, tok.status().message());
+  EngineConfig ec;
+  ec.n_threads = threads;
+  ec.kv_memory_bytes = *kvb;
+  ec.swap_memory_bytes = swap_bytes;
+  ec.block_size = block_size;
+  ec.max_batch_tokens = max_batch_tokens;
+  ec.max_seqs = max_seqs;
+  ec.max_model_len = ctx;
+  ec.enable_prefix_caching = !no_prefix_cache;
+  ec.max_n = max_n;
+  auto engine = Engine::create(m, *tok, ec);
+  if (!engine.ok()) return fail(cmd, engine.status().message());
+  auto api = server::OpenAiServer::create(**engine, scfg);
+  if (!api.ok()) return fail(cmd, api.status().message());
+  server::OpenAiServer* api_raw = api->get();
+
+  http::HttpServerConfig hcfg;
+  hcfg.host = host;
+  hcfg.port = (uint16_t)port;
+  hcfg.n_threads = http_threads;
+  hcfg.max_body_bytes = max_body;
+  hcfg.max_header_bytes = max_header;
+  hcfg.read_timeout_s = read_timeout;
+  auto http_server = http::HttpServer::create(
+      hcfg, [api_raw](http::HttpRequest r, std::shared_ptr<http::ResponseChannel> ch) { api_raw->handle(std::move(r), std::move(ch)); },
+      [](int status, const std::string& msg) {
+        server::ApiError e;
+        e.status = status;
+        e.message = msg;
+        return e.body();
+      });
+  if (!http_server.ok()) return fail(cmd, http_server.status().message(), 1);
+  http::HttpServer* hs = http_server->get();
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    std::fprintf(stderr, "serval serve: signal %d: draining (%zu requests in flight, up to %.0f s)\n", sig,
+                 api_raw->in_flight(), drain_timeout);
+    api_raw->begin_drain();
+    // A second signal stops at once.
+    std::thread second([&] {
+      int s2 = 0;
+      sigwait(&sigs, &s2);
+      hs->stop();
+    });
+    second.detach();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds((int64_t)(drain_timeout * 1000));
+    while (api_raw->in_flight() > 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Let the last responses flush.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    hs->stop();
+  });
+  const EngineInfo info = (*engine)->info();
+  std::fprintf(stderr, "serval serve: listening on http://%s:%u  model '%s' (%s, context %lld, %d compute threads)\n",
+               host.c_str(), (unsigned)hs->port(), api_raw->model_name().c_str(), info.architecture.c_str(),
+               (long long)info.max_model_len, threads > 0 ? threads : ThreadPool::default_threads());
+  std::fflush(stderr);
+  hs->run();
+  const size_t left = api_raw->in_flight();
+  signal_thread.join();
+  http_server->reset();
+  api->reset();
+  engine->reset();
+  if (left > 0) {
+    std::fprintf(stderr, "serval serve: stopped with %zu requests unfinished\n", left);
+    return 1;
+  }
+  std::fprintf(stderr, "serval serve: stopped\n");
+  return 0;
+}
+
+}  // namespace serval::cli
