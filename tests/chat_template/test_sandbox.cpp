@@ -107,6 +107,10 @@ TEST(ChatTemplateSandbox, LoopBudgets) {
                StatusCode::resource_exhausted, "iterations");
   expect_fails("recursive loop", run("{% for x in [1] recursive %}{{ loop([1]) }}{% endfor %}"),
                StatusCode::resource_exhausted, "recursion");
+  expect_fails("iterating a huge string", run("{% for c in s %}{% endfor %}", {{"s", std::string(200000, 'x')}}),
+               StatusCode::resource_exhausted, "iterating a string");
+  expect_fails("listing a huge string", run("{{ (s|list)|length }}", {{"s", std::string(200000, 'x')}}),
+               StatusCode::resource_exhausted, "iterating a string");
 }
 
 TEST(ChatTemplateSandbox, RecursionBudgets) {

@@ -25,7 +25,14 @@ const char* const kContext = R"J({
   "nested": {"x": {"y": [10, 20, {"z": "deep"}]}},
   "u": "h\u00e9llo w\u00f6rld \u00c9COLE \u00df \u0130",
   "empty": "", "ws": "  \t padded \n ", "multiline": "line1\nline2\n\nline4",
-  "big": 9007199254740993, "tiny": 1e-300, "huge": 1.7976931348623157e308
+  "big": 9007199254740993, "tiny": 1e-300, "huge": 1.7976931348623157e308,
+  "messages": [
+    {"role": "system", "content": "sys"},
+    {"role": "user", "content": "<tool_response>x</tool_response>"},
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nanswer", "reasoning_content": null},
+    {"role": "user", "content": [{"type": "text", "text": " part1 "}, {"type": "image"}, {"type": "text", "text": "part2"}]}
+  ]
 })J";
 
 const std::vector<std::string> kCases = {
@@ -360,6 +367,43 @@ const std::vector<std::string> kCases = {
     "{{ \"Use the function '\"|safe + s + \"' to '\"|safe + 'say \"hi\" & <bye>' + \"'\\n\"|safe + d|tojson }}",
     "{%- set x = {'role': 'user'} -%}{{ x.role|lower == 'user' }}{{ x['role'] }}{{ x.get('role') }}",
     "{{ messages }}{{ messages is defined }}{{ tools is none }}",
+    // --- fragments of recent real templates ---
+    // Qwen3: reverse scan with a namespace, reasoning split out of the content.
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n"
+    "{%- for message in messages[::-1] %}\n"
+    "    {%- set index = (messages|length - 1) - loop.index0 %}\n"
+    "    {%- if ns.multi_step_tool and message.role == \"user\" and message.content is string and "
+    "not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}\n"
+    "        {%- set ns.multi_step_tool = false %}\n"
+    "        {%- set ns.last_query_index = index %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{{- ns.last_query_index }}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if message.content is string %}{%- set content = message.content %}{%- else %}{%- set content = '' %}"
+    "{%- endif %}\n"
+    "    {%- if message.role == \"assistant\" %}\n"
+    "        {%- set reasoning_content = '' %}\n"
+    "        {%- if message.reasoning_content is string %}\n"
+    "            {%- set reasoning_content = message.reasoning_content %}\n"
+    "        {%- elif '</think>' in content %}\n"
+    "            {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1]"
+    ".lstrip('\\n') %}\n"
+    "            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + "
+    "'\\n</think>\\n\\n' + content.lstrip('\\n') + '<|im_end|>\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n",
+    // Gemma 3: content given as a string or a list of typed parts.
+    "{%- for message in messages %}{%- if message['content'] is string %}{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable %}{%- for item in message['content'] %}"
+    "{%- if item['type'] == 'image' %}<start_of_image>{%- elif item['type'] == 'text' %}{{ item['text'] | trim }}"
+    "{%- endif %}{%- endfor %}{%- endif %}|{%- endfor %}",
+    "{{ (messages|selectattr('role', 'equalto', 'user')|list|last).content|map(attribute='type')|join(',') }}"
+    "{{ messages|map(attribute='role')|unique|list }}{{ messages|rejectattr('content', 'string')|list|length }}",
 };
 
 TEST(ChatTemplateSemantics, SnippetsMatchJinja2) {
