@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(
   cmake ninja-build g++ pkg-config
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
   python3 python3-jinja2
   libpcre2-dev

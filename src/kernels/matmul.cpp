@@ -1,23 +1,58 @@
+// The dispatch point: picks the kernel table once (CPUID + SERVAL_ISA), prepares
+// quantized activations and splits the rows over the thread pool. No SIMD code
+// here (this file is compiled for baseline x86-64).
 #include "kernels/matmul.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
+#include "common/status.h"
+#include "kernels/act_quant.h"
+#include "kernels/kernel_table.h"
 #include "kernels/ref/quants.h"
 
 namespace serval::kernels {
+namespace {
 
-float dot_f32(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+const detail::KernelTable* table_of(Isa isa) {
+  switch (isa) {
+    case Isa::ref: return nullptr;
+    case Isa::avx2: return detail::kernel_table_avx2();
+    case Isa::avx512: return detail::kernel_table_avx512();
+    case Isa::avx512vnni: return detail::kernel_table_avx512vnni();
+  }
+  return nullptr;
 }
 
-void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
-            ThreadPool* pool) {
+struct Active {
+  explicit Active(Isa i) : table(table_of(i)), isa(i) {}
+  std::atomic<const detail::KernelTable*> table;
+  std::atomic<Isa> isa;
+};
+
+// The highest level <= want that this CPU and this build support.
+Isa cap(Isa want) {
+  const CpuFeatures& f = cpu_features();
+  for (int i = (int)want; i > 0; --i) {
+    const Isa isa = (Isa)i;
+    if (isa_supported(isa, f) && table_of(isa) != nullptr) return isa;
+  }
+  return Isa::ref;
+}
+
+Active& active() {
+  static Active a(cap(selected_isa()));
+  return a;
+}
+
+const detail::KernelTable* table() { return active().table.load(std::memory_order_relaxed); }
+
+// ---- reference path -----------------------------------------------------------
+
+void matmul_ref(DType t, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
+                ThreadPool* pool) {
   const size_t stride = row_size(t, cols);
   const auto* base = static_cast<const uint8_t*>(w);
   auto work = [&](int64_t r0, int64_t r1) {
@@ -38,9 +73,9 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
   else work(0, rows);
 }
 
-void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,
-               int64_t kv_stride, int64_t n_ctx, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, float scale,
-               float* out, float* scratch) {
+void attention_ref(const float* q, const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,
+                   int64_t kv_stride, int64_t n_ctx, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                   float scale, float* out, float* scratch) {
   const int32_t group = n_heads / n_kv_heads;
   for (int32_t h = 0; h < n_heads; ++h) {
     const int64_t koff = (int64_t)(h / group) * head_dim;
@@ -65,6 +100,117 @@ void attention(const float* q, const float* const* k_blocks, const float* const*
       for (int32_t d = 0; d < head_dim; ++d) oh[d] += wgt * vp[d];
     }
   }
+}
+
+// 64-byte aligned, thread-local scratch for prepared activations.
+uint8_t* act_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - (p & 63)) & 63);
+}
+
+}  // namespace
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+Isa active_isa() { return active().isa.load(std::memory_order_relaxed); }
+
+Isa set_isa(Isa want) {
+  const Isa isa = cap(want);
+  Active& a = active();
+  a.isa.store(isa);
+  a.table.store(table_of(isa));
+  return isa;
+}
+
+bool has_fast_matmul(DType t) {
+  const detail::KernelTable* tab = table();
+  return tab != nullptr && tab->matmul_kernel(t).fn != nullptr;
+}
+
+void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
+            ThreadPool* pool) {
+  if (rows <= 0 || n <= 0) return;
+  const detail::KernelTable* tab = table();
+  const detail::MatmulKernel k = tab ? tab->matmul_kernel(t) : detail::MatmulKernel{};
+  if (k.fn == nullptr) {
+    matmul_ref(t, w, rows, cols, x, n, y, pool);
+    return;
+  }
+  const auto tr = dtype_traits(t);
+  SERVAL_ASSERT(tr.has_value() && cols >= 0 && cols % tr->block_size == 0);
+
+  detail::MatmulTask task;
+  task.w = static_cast<const uint8_t*>(w);
+  task.w_stride = row_size(t, cols);
+  task.rows = rows;
+  task.cols = cols;
+  task.x = x;
+  task.n = n;
+  task.y = y;
+  const bool parallel = pool != nullptr && pool->n_threads() > 1;
+
+  // Quantize the activation rows once for the whole call (row by row: the
+  // result of a row never depends on the others).
+  if (k.act != detail::ActKind::f32) {
+    const bool k32 = k.act == detail::ActKind::q8_32;
+    task.act_stride = k32 ? detail::act_q8_32_row_bytes(cols) : detail::act_q8_k_row_bytes(cols);
+    uint8_t* act = act_scratch(task.act_stride * (size_t)n);
+    task.act = act;
+    auto quantize = [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        if (k32) tab->quantize_q8_32(x + i * cols, cols, k.act_offset, act + (size_t)i * task.act_stride);
+        else tab->quantize_q8_k(x + i * cols, cols, act + (size_t)i * task.act_stride);
+      }
+    };
+    // (SIMD quantization runs at several GB/s: only long prompts are worth a
+    // parallel_for.)
+    if (parallel && n * cols >= (1 << 18)) pool->parallel_for(n, quantize);
+    else quantize(0, n);
+  }
+
+  // Rows in units of 16 (a multiple of every tile height); at least ~256K
+  // multiply-adds per chunk so that small matrices stay on one thread.
+  constexpr int64_t kUnit = 16;
+  const int64_t units = (rows + kUnit - 1) / kUnit;
+  if (!parallel) {
+    k.fn(task, 0, rows);
+    return;
+  }
+  const int64_t per_unit = std::max<int64_t>(1, kUnit * cols * n);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / per_unit);
+  pool->parallel_for(
+      units,
+      [&](int64_t u0, int64_t u1) { k.fn(task, u0 * kUnit, std::min(rows, u1 * kUnit)); },
+      grain);
+}
+
+void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,
+               int64_t kv_stride, int64_t n_ctx, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, float scale,
+               float* out, float* scratch) {
+  const detail::KernelTable* tab = table();
+  if (tab == nullptr) {
+    attention_ref(q, k_blocks, v_blocks, block_size, kv_stride, n_ctx, n_heads, n_kv_heads, head_dim, scale, out,
+                  scratch);
+    return;
+  }
+  const int32_t group = n_heads / n_kv_heads;
+  float* scores = scratch;
+  if (group > 1) {
+    thread_local std::vector<float> buf;
+    if ((int64_t)buf.size() < group * n_ctx) buf.resize((size_t)(group * n_ctx));
+    scores = buf.data();
+  }
+  tab->attention(q, k_blocks, v_blocks, block_size, kv_stride, n_ctx, n_heads, n_kv_heads, head_dim, scale, out,
+                 scores);
 }
 
 }  // namespace serval::kernels

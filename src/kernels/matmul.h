@@ -1,14 +1,30 @@
 // Batched matrix products and attention of the forward pass: the one dispatch
-// point the model calls (SIMD/GPU variants plug in here; ref/ holds the scalar
-// references they are tested against).
+// point the model calls. The kernel level (Isa: ref | avx2 | avx512 |
+// avx512vnni) is chosen once, at first use, from CPUID and SERVAL_ISA
+// (common/cpu_features.h); ref/ holds the scalar references the SIMD kernels
+// are tested against (tests/kernels/matmul_simd_test.cpp).
+//
+// Numerics. The ref level dequantizes each weight row to F32 and takes F32 dot
+// products. The SIMD levels do what llama.cpp does: for quantized weights they
+// quantize each activation row once per call to 8-bit blocks (32 elements for
+// Q4_0/Q8_0/IQ4_NL, 256 for the K-quants) and take integer dot products, so
+// results differ from ref by the activation rounding (about 1/254 of each
+// block's largest |x|, relative); F16/BF16/F32 weights use F32 activations and
+// F32 FMA. All SIMD levels give bit-identical results to each other.
 //
 // Batch invariance: every output element is computed by the same code in the
-// same reduction order whatever the batch size or composition, so a sequence
-// gets bit-identical results alone or batched with others.
+// same reduction order whatever the batch size or composition and whatever the
+// thread count, so a sequence gets bit-identical results alone or batched with
+// others (tests compare with memcmp).
+//
+// Thread safety: matmul/attention may run concurrently from several threads
+// (each uses thread-local scratch), but one ThreadPool serves one caller at a
+// time (thread_pool.h). set_isa must not race with running kernels.
 #pragma once
 
 #include <cstdint>
 
+#include "common/cpu_features.h"
 #include "common/thread_pool.h"
 #include "tensor/dtype.h"
 
@@ -16,7 +32,11 @@ namespace serval::kernels {
 
 // Y[i, r] = dot(W[r, :], X[i, :]) for i < n, r < rows. W is [rows, cols] of type
 // t (row_size(t, cols) bytes per row); X is [n, cols] F32; Y is [n, rows] F32.
-// Each weight row is decoded once per call for the whole batch.
+// cols must be a multiple of t's block size. Each weight row (tile) is read once
+// per call for the whole batch. Rows are split over the pool's threads (pool
+// may be nullptr: the calling thread does everything).
+// Fast paths: Q4_0, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, F16, BF16, F32; every other
+// type the reference supports runs the ref path at every level.
 void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
             ThreadPool* pool);
 
@@ -28,8 +48,24 @@ float dot_f32(const float* a, const float* b, int64_t n);
 // (each block [block_size, kv_stride] F32, head h's slice at h * head_dim).
 // q: [n_heads, head_dim]; out: [n_heads, head_dim]; scratch: n_ctx floats.
 // Grouped-query: query head h reads KV head h / (n_heads / n_kv_heads).
+// The result depends only on this token's inputs (never on other tokens of a
+// batch); SIMD levels agree bit for bit with each other and within float
+// rounding with ref.
 void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,
                int64_t kv_stride, int64_t n_ctx, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, float scale,
                float* out, float* scratch);
+
+// The kernel level in use (selected_isa() unless set_isa changed it), and its
+// name ("ref", "avx2", "avx512", "avx512vnni") for the CLI to print.
+Isa active_isa();
+inline const char* active_isa_name() { return isa_name(active_isa()); }
+
+// Switches the kernel level, capped at what this CPU supports (the highest
+// supported level <= isa); returns the level now in use. For tests and
+// benchmarks; must not be called while a kernel runs.
+Isa set_isa(Isa isa);
+
+// True when matmul has a SIMD fast path for t at the active level.
+bool has_fast_matmul(DType t);
 
 }  // namespace serval::kernels

@@ -1,0 +1,179 @@
+// Kernel micro-benchmarks: kernels::matmul per weight type and kernel level at
+// TinyLlama-1.1B shapes (2048x2048 attention, 5632x2048 gate/up, 2048x5632
+// down), as GEMV (n = 1, decode) and GEMM (n = 16, batched decode), plus
+// attention. Reports GB/s of weight bytes read and GFLOP/s (2 * rows * cols * n).
+//
+// Weights are replicated into enough copies (SERVAL_BENCH_MB, default 256 MiB)
+// that successive iterations read DRAM rather than cache, as a real model does.
+// Threads: SERVAL_BENCH_THREADS (default: ThreadPool::default_threads()).
+//
+//   serval_kernel_bench --benchmark_filter='matmul/q4_0' --benchmark_repetitions=5 \
+//       --benchmark_report_aggregates_only=true
+// (the "_min" rows: the least disturbed run; the time-based counters of the
+// "_median"/"_min" rows are per-run rates as well.)
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/cpu_features.h"
+#include "common/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/ref/quants.h"
+#include "tensor/dtype.h"
+
+namespace {
+
+using namespace serval;
+
+int env_int(const char* name, int def) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : def;
+}
+
+ThreadPool& pool() {
+  static ThreadPool p(env_int("SERVAL_BENCH_THREADS", ThreadPool::default_threads()));
+  return p;
+}
+
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A [rows, cols] matrix of type t in `copies` copies: 64 distinct quantized
+// rows (ref::quantize_row is slow), repeated.
+struct Matrix {
+  DType t;
+  int64_t rows, cols;
+  size_t bytes;  // one copy
+  int copies;
+  std::vector<uint8_t> data;
+  const uint8_t* copy(int i) const { return data.data() + (size_t)i * bytes; }
+};
+
+std::shared_ptr<Matrix> make_matrix(DType t, int64_t rows, int64_t cols) {
+  auto m = std::make_shared<Matrix>();
+  m->t = t;
+  m->rows = rows;
+  m->cols = cols;
+  const size_t stride = row_size(t, cols);
+  m->bytes = stride * (size_t)rows;
+  const size_t target = (size_t)env_int("SERVAL_BENCH_MB", 256) << 20;
+  m->copies = (int)std::max<size_t>(1, (target + m->bytes - 1) / m->bytes);
+  m->data.resize(m->bytes * (size_t)m->copies);
+  std::vector<float> src((size_t)cols);
+  std::vector<uint8_t> distinct(stride * 64);
+  uint64_t s = 1;
+  for (int r = 0; r < 64; ++r) {
+    for (auto& v : src) v = (float)(((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5) * 0.1);
+    ref::quantize_row(t, src.data(), distinct.data() + (size_t)r * stride, cols);
+  }
+  for (int c = 0; c < m->copies; ++c)
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(m->data.data() + (size_t)c * m->bytes + (size_t)r * stride, distinct.data() + (size_t)(r % 64) * stride,
+                  stride);
+  return m;
+}
+
+void bm_matmul(benchmark::State& state, Isa isa, DType t, int64_t rows, int64_t cols, int64_t n) {
+  if (kernels::set_isa(isa) != isa) {
+    state.SkipWithError("kernel level not supported on this CPU");
+    return;
+  }
+  static std::shared_ptr<Matrix> cached;
+  if (!cached || cached->t != t || cached->rows != rows || cached->cols != cols) {
+    cached.reset();
+    cached = make_matrix(t, rows, cols);
+  }
+  const Matrix& m = *cached;
+  std::vector<float> x((size_t)(n * cols)), y((size_t)(n * rows));
+  uint64_t s = 7;
+  for (auto& v : x) v = (float)((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5);
+  int c = 0;
+  for (auto _ : state) {
+    kernels::matmul(t, m.copy(c), rows, cols, x.data(), n, y.data(), &pool());
+    benchmark::ClobberMemory();
+    if (++c == m.copies) c = 0;
+  }
+  state.SetBytesProcessed((int64_t)state.iterations() * (int64_t)m.bytes);
+  state.counters["GFLOPs"] = benchmark::Counter(2.0 * (double)rows * (double)cols * (double)n * 1e-9 *
+                                                    (double)state.iterations(),
+                                                benchmark::Counter::kIsRate);
+  state.counters["threads"] = pool().n_threads();
+}
+
+void bm_attention(benchmark::State& state, Isa isa, int64_t n_ctx) {
+  if (kernels::set_isa(isa) != isa) {
+    state.SkipWithError("kernel level not supported on this CPU");
+    return;
+  }
+  // TinyLlama: 32 query heads, 4 KV heads, head_dim 64; KV blocks of 16.
+  const int32_t n_heads = 32, n_kv = 4, hd = 64, bs = 16;
+  const int64_t kv_stride = n_kv * hd, n_blocks = (n_ctx + bs - 1) / bs;
+  std::vector<float> k((size_t)(n_blocks * bs * kv_stride)), v(k.size()), q((size_t)(n_heads * hd)), out(q.size()),
+      scratch((size_t)n_ctx);
+  uint64_t s = 3;
+  for (auto& e : k) e = (float)((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5);
+  for (auto& e : v) e = (float)((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5);
+  for (auto& e : q) e = (float)((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5);
+  std::vector<const float*> kb, vb;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    kb.push_back(k.data() + b * bs * kv_stride);
+    vb.push_back(v.data() + b * bs * kv_stride);
+  }
+  for (auto _ : state) {
+    kernels::attention(q.data(), kb.data(), vb.data(), bs, kv_stride, n_ctx, n_heads, n_kv, hd, 0.125f, out.data(),
+                       scratch.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed((int64_t)state.iterations() * n_ctx * kv_stride * 2 * 4);
+}
+
+// On a shared machine other processes only ever slow a run down: with
+// --benchmark_repetitions the min is the figure to compare (besides the median).
+double min_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()); }
+
+int register_all() {
+  const Isa isas[] = {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni};
+  const DType types[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_k, DType::q5_k,
+                         DType::q6_k, DType::f16,  DType::bf16,   DType::f32};
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
+  for (DType t : types)
+    for (const Shape& sh : shapes)
+      for (int64_t n : {1, 16, 128})
+        for (Isa isa : isas) {
+          if (!isa_supported(isa, cpu_features())) continue;
+          const std::string name = "matmul/" + std::string(dtype_name(t)) + "/" + std::to_string(sh.rows) + "x" +
+                                   std::to_string(sh.cols) + "/n" + std::to_string(n) + "/" + isa_name(isa);
+          benchmark::RegisterBenchmark(name.c_str(), bm_matmul, isa, t, sh.rows, sh.cols, n)
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime()
+              ->ComputeStatistics("min", min_of);
+        }
+  for (int64_t ctx : {128, 1024})
+    for (Isa isa : isas) {
+      if (!isa_supported(isa, cpu_features())) continue;
+      const std::string name = "attention/ctx" + std::to_string(ctx) + "/" + isa_name(isa);
+      benchmark::RegisterBenchmark(name.c_str(), bm_attention, isa, ctx)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime()
+          ->ComputeStatistics("min", min_of);
+    }
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace
+
+BENCHMARK_MAIN();

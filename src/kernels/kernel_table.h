@@ -1,0 +1,68 @@
+// Internal to kernels/: the per-ISA kernel tables behind the one dispatch point
+// (matmul.cpp). Not a public API.
+//
+// Every SIMD table (avx2, avx512, avx512vnni) computes bit-identical results:
+// the kernels are written once (x86/matmul_tmpl.inc) against a 16-lane vector
+// abstraction that AVX-512 implements with one zmm and AVX2 with two ymm, and
+// every floating-point step is the same IEEE operation on the same lane in every
+// implementation (integer partial sums are exact, so how they are formed does
+// not matter). See x86/matmul_tmpl.inc for the reduction order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/cpu_features.h"
+#include "tensor/dtype.h"
+
+namespace serval::kernels::detail {
+
+enum class ActKind {
+  f32,    // the kernel reads X as given
+  q8_32,  // X prepared by quantize_act_q8_32 (act_quant.h)
+  q8_k,   // X prepared by quantize_act_q8_k
+};
+
+// One matmul call, as the row kernels see it.
+struct MatmulTask {
+  const uint8_t* w = nullptr;  // [rows] rows of w_stride bytes
+  size_t w_stride = 0;
+  int64_t rows = 0, cols = 0;
+  const float* x = nullptr;      // [n, cols] F32 (ActKind::f32)
+  const uint8_t* act = nullptr;  // [n] prepared rows of act_stride bytes (q8 kinds)
+  size_t act_stride = 0;
+  int64_t n = 0;
+  float* y = nullptr;  // [n, rows]
+};
+
+// Computes y[i, r] for all i < n and r0 <= r < r1. Called concurrently on
+// disjoint row ranges.
+using MatmulRowsFn = void (*)(const MatmulTask& t, int64_t r0, int64_t r1);
+
+struct MatmulKernel {
+  MatmulRowsFn fn = nullptr;  // nullptr: no fast path for this type
+  ActKind act = ActKind::f32;
+  int act_offset = 0;  // the offset to pass to quantize_act_q8_32
+};
+
+// As kernels::attention, with `scores` holding n_heads / n_kv_heads * n_ctx floats.
+using AttentionFn = void (*)(const float* q, const float* const* k_blocks, const float* const* v_blocks,
+                             int32_t block_size, int64_t kv_stride, int64_t n_ctx, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_dim, float scale, float* out, float* scores);
+
+struct KernelTable {
+  Isa isa = Isa::ref;
+  MatmulKernel (*matmul_kernel)(DType t) = nullptr;
+  AttentionFn attention = nullptr;
+  // SIMD versions of act_quant.h's quantizers (the same output).
+  void (*quantize_q8_32)(const float* x, int64_t cols, int offset, uint8_t* dst) = nullptr;
+  void (*quantize_q8_k)(const float* x, int64_t cols, uint8_t* dst) = nullptr;
+};
+
+// The tables of each level; nullptr where the build has none (non-x86).
+// Callers must check isa_supported() before using one.
+const KernelTable* kernel_table_avx2();
+const KernelTable* kernel_table_avx512();
+const KernelTable* kernel_table_avx512vnni();
+
+}  // namespace serval::kernels::detail

@@ -1,0 +1,648 @@
+// kernels::matmul / attention at every kernel level this CPU has (ref, avx2,
+// avx512, avx512vnni, each forced with set_isa): against the scalar references
+// within per-format bounds, bit-for-bit batch invariance (n = 1 / 5 / 16, other
+// rows, thread counts), bit-identical results across the SIMD levels, odd
+// shapes; and the ISA selection of common/cpu_features.h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/cpu_features.h"
+#include "common/fp16.h"
+#include "common/thread_pool.h"
+#include "kernels/act_quant.h"
+#include "kernels/kernel_table.h"
+#include "kernels/matmul.h"
+#include "kernels/ref/quants.h"
+#include "tensor/dtype.h"
+
+namespace serval {
+namespace {
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t next() {
+    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (double)(next() >> 11) * 0x1.0p-53; }
+  double normal() {
+    const double u1 = 1.0 - uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  uint64_t s_;
+};
+
+// Activation-like rows: Gaussian with a few large outliers (as hidden states
+// have), a varying scale per row.
+std::vector<float> activations(int64_t n, int64_t cols, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> x((size_t)(n * cols));
+  for (int64_t i = 0; i < n; ++i) {
+    const double s = 0.2 + 2.0 * r.uniform();
+    for (int64_t j = 0; j < cols; ++j) {
+      double v = s * r.normal();
+      if (r.uniform() < 0.01) v *= 10;
+      x[(size_t)(i * cols + j)] = (float)v;
+    }
+  }
+  return x;
+}
+
+struct Weights {
+  DType t;
+  int64_t rows, cols;
+  size_t stride;
+  std::vector<uint8_t> data;
+  std::vector<float> deq;  // [rows, cols] the exact values the format encodes
+};
+
+Weights make_weights(DType t, int64_t rows, int64_t cols, uint64_t seed) {
+  Weights w{t, rows, cols, row_size(t, cols), {}, {}};
+  w.data.resize(w.stride * (size_t)rows);
+  w.deq.resize((size_t)(rows * cols));
+  Rng r(seed);
+  std::vector<float> src((size_t)cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    const double s = 0.01 + 0.05 * r.uniform();
+    for (auto& v : src) v = (float)(s * r.normal());
+    ref::quantize_row(t, src.data(), w.data.data() + (size_t)i * w.stride, cols);
+    ref::dequantize_row(t, w.data.data() + (size_t)i * w.stride, w.deq.data() + i * cols, cols);
+  }
+  return w;
+}
+
+// Random bytes in every quant field, with sane F16 scales patched in: covers
+// the whole range of each format (e.g. Q8_0's -128, any packed scale bits),
+// which the quantizer never writes, and is fast to make.
+Weights random_weights(DType t, int64_t rows, int64_t cols, uint64_t seed) {
+  Weights w{t, rows, cols, row_size(t, cols), {}, {}};
+  w.data.resize(w.stride * (size_t)rows);
+  w.deq.resize((size_t)(rows * cols));
+  Rng r(seed);
+  auto f16 = [&](double lo, double hi) { return fp32_to_fp16((float)(lo + (hi - lo) * r.uniform())); };
+  auto put16 = [&](uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); };
+  const auto tr = *dtype_traits(t);
+  for (auto& b : w.data) b = (uint8_t)r.next();
+  for (int64_t i = 0; i < rows; ++i) {
+    uint8_t* row = w.data.data() + (size_t)i * w.stride;
+    for (int64_t b = 0; b < cols / tr.block_size; ++b) {
+      uint8_t* blk = row + (size_t)b * tr.type_size;
+      switch (t) {
+        case DType::q4_0: case DType::q8_0: case DType::iq4_nl: put16(blk, f16(-0.02, 0.02)); break;
+        case DType::q4_k: case DType::q5_k: put16(blk, f16(0.0, 0.002)); put16(blk + 2, f16(0.0, 0.002)); break;
+        case DType::q6_k: put16(blk + 208, f16(-0.001, 0.001)); break;
+        case DType::f16: put16(blk, f16(-1, 1)); break;
+        case DType::bf16: put16(blk, fp32_to_bf16((float)(2 * r.uniform() - 1))); break;
+        case DType::f32: {
+          const float v = (float)(2 * r.uniform() - 1);
+          std::memcpy(blk, &v, 4);
+          break;
+        }
+        default: break;
+      }
+    }
+    ref::dequantize_row(t, row, w.deq.data() + i * cols, cols);
+  }
+  return w;
+}
+
+std::vector<float> run(const Weights& w, const std::vector<float>& x, int64_t n, ThreadPool* pool = nullptr) {
+  std::vector<float> y((size_t)(n * w.rows), -1.0f);
+  kernels::matmul(w.t, w.data.data(), w.rows, w.cols, x.data(), n, y.data(), pool);
+  return y;
+}
+
+const DType kFastTypes[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_k, DType::q5_k,
+                            DType::q6_k, DType::f16,  DType::bf16,   DType::f32};
+// Types without a fast path: they must still work (the ref path) at every level.
+const DType kFallbackTypes[] = {DType::q4_1, DType::q5_0, DType::q5_1, DType::q2_k, DType::q3_k};
+
+int64_t act_block(DType t) {
+  switch (t) {
+    case DType::q4_0: case DType::q8_0: case DType::iq4_nl: return 32;
+    case DType::q4_k: case DType::q5_k: case DType::q6_k: return 256;
+    default: return 0;  // F32 activations
+  }
+}
+
+// Columns for a type: a multiple of its block size; `odd` gives an odd number
+// of 32-blocks (the half-pair tail) or a float tail.
+int64_t cols_for(DType t, bool odd) {
+  const int64_t bs = dtype_traits(t)->block_size;
+  if (bs == 256) return odd ? 256 : 768;
+  if (bs == 32) return odd ? 800 : 512;
+  return odd ? 803 : 512;
+}
+
+// The levels this machine runs, each forced in turn; restores the level after.
+class KernelLevels : public ::testing::Test {
+ protected:
+  void SetUp() override { saved_ = kernels::active_isa(); }
+  void TearDown() override { kernels::set_isa(saved_); }
+  static std::vector<Isa> levels() {
+    std::vector<Isa> out;
+    const Isa keep = kernels::active_isa();
+    for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni})
+      if (kernels::set_isa(i) == i) out.push_back(i);
+    kernels::set_isa(keep);
+    return out;
+  }
+  static std::vector<Isa> simd_levels() {
+    auto v = levels();
+    v.erase(v.begin());
+    return v;
+  }
+
+ private:
+  Isa saved_ = Isa::ref;
+};
+
+// |y - exact| bound for one output. With 8-bit activations (SIMD levels,
+// quantized weights) each activation block of B elements is rounded to a grid of
+// step amax/127, so |x - x~| <= amax/254 per element and the dot moves by at
+// most sum_blocks amax_b/254 * sum_{j in b} |w_j|; the rest is F32 rounding of
+// the accumulation (cols terms, relative 2^-24 each, well under 1e-5 * sum|w x|
+// for these sizes).
+double bound(const Weights& w, const float* x, int64_t r, bool quantized_act) {
+  const float* wr = w.deq.data() + r * w.cols;
+  double l1 = 0;
+  for (int64_t j = 0; j < w.cols; ++j) l1 += std::fabs((double)wr[j] * x[j]);
+  double b = 1e-5 * l1 + 1e-7;
+  const int64_t bs = act_block(w.t);
+  if (quantized_act && bs > 0) {
+    for (int64_t b0 = 0; b0 < w.cols; b0 += bs) {
+      double amax = 0, wl1 = 0;
+      for (int64_t j = b0; j < b0 + bs; ++j) {
+        amax = std::max(amax, (double)std::fabs(x[j]));
+        wl1 += std::fabs(wr[j]);
+      }
+      // + the F16-rounded stored scale of 32-blocks (act_quant.h): relative
+      // 2^-11 on the block's whole contribution, <= amax * wl1 * 2^-11.
+      b += amax / 254.0 * wl1 * 1.001 + (bs == 32 ? amax * wl1 * 0x1p-11 : 0.0);
+    }
+  }
+  return b;
+}
+
+// The dot the SIMD levels compute, in double: the dequantized weights against
+// the activations as act_quant.h quantizes them (q * stored scale). The kernels
+// take exact integer block sums and a handful of float roundings per block on
+// top, so they land within ~1e-6 of sum |w_j x~_j| of this.
+struct ModelDot {
+  double value = 0, l1 = 0;
+};
+ModelDot quantized_model_dot(const Weights& w, const float* x, int64_t r) {
+  const float* wr = w.deq.data() + r * w.cols;
+  const int64_t bs = act_block(w.t);
+  std::vector<float> xq((size_t)w.cols);
+  if (bs == 32) {
+    std::vector<uint8_t> buf(kernels::detail::act_q8_32_row_bytes(w.cols));
+    kernels::detail::quantize_act_q8_32(x, w.cols, 0, buf.data());
+    for (int64_t j = 0; j < w.cols; ++j) {
+      const uint8_t* u = buf.data() + (j / 64) * kernels::detail::kActQ8_32PairBytes;
+      float d;
+      std::memcpy(&d, u + 128 + 4 * (8 * ((j % 64) / 32)), 4);
+      xq[(size_t)j] = d * (float)(int8_t)u[j % 64];
+    }
+  } else {
+    std::vector<uint8_t> buf(kernels::detail::act_q8_k_row_bytes(w.cols));
+    kernels::detail::quantize_act_q8_k(x, w.cols, buf.data());
+    for (int64_t j = 0; j < w.cols; ++j) {
+      const uint8_t* u = buf.data() + (j / 256) * kernels::detail::kActQ8_KBlockBytes;
+      float d;
+      std::memcpy(&d, u + 304, 4);
+      xq[(size_t)j] = d * (float)(int8_t)u[j % 256];
+    }
+  }
+  ModelDot m;
+  for (int64_t j = 0; j < w.cols; ++j) {
+    m.value += (double)wr[j] * xq[(size_t)j];
+    m.l1 += std::fabs((double)wr[j] * xq[(size_t)j]);
+  }
+  return m;
+}
+
+// Every output within bound() of the exact dot; at SIMD levels with quantized
+// weights also within 1e-6 * sum|w x~| of quantized_model_dot() (the error is
+// exactly the activation rounding the format implies, nothing else).
+// *worst_ratio: max |err| / bound.
+void check_against_ref(const Weights& w, const std::vector<float>& x, int64_t n, const std::vector<float>& y, Isa isa,
+                       double* worst_ratio) {
+  const bool qact = isa != Isa::ref && act_block(w.t) > 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const float* xi = x.data() + i * w.cols;
+      const double want = ref::dot_row(w.t, w.data.data() + (size_t)r * w.stride, xi, w.cols);
+      const double got = y[(size_t)(i * w.rows + r)];
+      const double b = bound(w, xi, r, qact);
+      ASSERT_LE(std::fabs(got - want), b) << dtype_name(w.t) << " at " << isa_name(isa) << " row " << r << " act "
+                                          << i << ": got " << got << " want " << want;
+      *worst_ratio = std::max(*worst_ratio, std::fabs(got - want) / b);
+      if (qact) {
+        const ModelDot m = quantized_model_dot(w, xi, r);
+        ASSERT_LE(std::fabs(got - m.value), 1e-6 * m.l1 + 1e-30)
+            << dtype_name(w.t) << " at " << isa_name(isa) << " row " << r << " act " << i << ": got " << got
+            << " model " << m.value;
+      }
+    }
+  }
+}
+
+TEST_F(KernelLevels, LevelsAvailable) {
+  const auto lv = levels();
+  ASSERT_FALSE(lv.empty());
+  EXPECT_EQ(lv[0], Isa::ref);
+  std::string names;
+  for (Isa i : lv) names += std::string(isa_name(i)) + " ";
+  std::printf("kernel levels on this CPU: %s(default %s)\n", names.c_str(), isa_name(selected_isa()));
+}
+
+TEST_F(KernelLevels, MatchesReferenceWithinFormatBound) {
+  for (Isa isa : levels()) {
+    ASSERT_EQ(kernels::set_isa(isa), isa);
+    for (DType t : kFastTypes) {
+      for (bool odd : {false, true}) {
+        const int64_t cols = cols_for(t, odd);
+        const Weights w = make_weights(t, 37, cols, 11 + (uint64_t)t);
+        const auto x = activations(5, cols, 7);
+        EXPECT_EQ(kernels::has_fast_matmul(t), isa != Isa::ref) << dtype_name(t);
+        const auto y = run(w, x, 5);
+        double worst = 0;
+        check_against_ref(w, x, 5, y, isa, &worst);
+        if (HasFatalFailure()) return;
+        // The bound is not vacuous: with 8-bit activations the error uses a fair
+        // part of it.
+        if (isa != Isa::ref && act_block(t) > 0) {
+          EXPECT_GT(worst, 0.02) << dtype_name(t);
+        }
+        if (!odd) {
+          std::printf("  %-10s %-7s max |err| / bound = %.3f\n", isa_name(isa), std::string(dtype_name(t)).c_str(),
+                      worst);
+        }
+      }
+    }
+    for (DType t : kFallbackTypes) {
+      const Weights w = make_weights(t, 19, 512, 5);
+      const auto x = activations(3, 512, 9);
+      const auto y = run(w, x, 3);
+      double worst = 0;
+      check_against_ref(w, x, 3, y, Isa::ref, &worst);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(KernelLevels, BatchInvariantBitForBit) {
+  ThreadPool pool2(2), pool3(3);
+  for (DType t : kFastTypes) {
+    for (bool odd : {false, true}) {
+      const int64_t cols = cols_for(t, odd), rows = 45;
+      const Weights w = make_weights(t, rows, cols, 3 + (uint64_t)t);
+      const auto x = activations(16, cols, 21);
+      for (Isa isa : levels()) {
+        ASSERT_EQ(kernels::set_isa(isa), isa);
+        const auto y16 = run(w, x, 16);
+        // The same with 2 and 3 threads.
+        EXPECT_EQ(run(w, x, 16, &pool2), y16) << dtype_name(t) << " " << isa_name(isa);
+        EXPECT_EQ(run(w, x, 16, &pool3), y16) << dtype_name(t) << " " << isa_name(isa);
+        const auto others = activations(4, cols, 99);
+        for (int64_t i : {0, 3, 15}) {
+          const float* xi = x.data() + i * cols;
+          // Alone.
+          std::vector<float> x1(xi, xi + cols);
+          const auto y1 = run(w, x1, 1);
+          EXPECT_EQ(std::memcmp(y1.data(), y16.data() + i * rows, (size_t)rows * 4), 0)
+              << dtype_name(t) << " " << isa_name(isa) << " n=1 row " << i;
+          // Third of five, among other rows.
+          std::vector<float> x5(others.begin(), others.begin() + 2 * cols);
+          x5.insert(x5.end(), xi, xi + cols);
+          x5.insert(x5.end(), others.begin() + 2 * cols, others.end());
+          const auto y5 = run(w, x5, 5, &pool2);
+          EXPECT_EQ(std::memcmp(y5.data() + 2 * rows, y16.data() + i * rows, (size_t)rows * 4), 0)
+              << dtype_name(t) << " " << isa_name(isa) << " n=5 row " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(KernelLevels, GemvThreadSplitInvariant) {
+  // Enough rows that n = 1 really splits across threads.
+  ThreadPool pool2(2);
+  for (DType t : kFastTypes) {
+    const int64_t cols = 2048, rows = 300;
+    const Weights w = random_weights(t, rows, cols, 8);
+    const auto x = activations(1, cols, 4);
+    for (Isa isa : levels()) {
+      ASSERT_EQ(kernels::set_isa(isa), isa);
+      EXPECT_EQ(run(w, x, 1, &pool2), run(w, x, 1)) << dtype_name(t) << " " << isa_name(isa);
+    }
+  }
+}
+
+TEST_F(KernelLevels, SimdLevelsBitIdentical) {
+  const auto lv = simd_levels();
+  if (lv.size() < 2) GTEST_SKIP() << "fewer than two SIMD levels on this CPU";
+  for (DType t : kFastTypes) {
+    for (bool odd : {false, true}) {
+      const int64_t cols = cols_for(t, odd);
+      const Weights w = make_weights(t, 29, cols, 17);
+      const auto x = activations(7, cols, 23);
+      kernels::set_isa(lv[0]);
+      const auto want = run(w, x, 7);
+      for (size_t k = 1; k < lv.size(); ++k) {
+        kernels::set_isa(lv[k]);
+        EXPECT_EQ(run(w, x, 7), want) << dtype_name(t) << ": " << isa_name(lv[k]) << " vs " << isa_name(lv[0]);
+      }
+    }
+  }
+}
+
+TEST_F(KernelLevels, RandomBlocksMatchReferenceAndAcrossLevels) {
+  for (DType t : kFastTypes) {
+    for (bool odd : {false, true}) {
+      const int64_t cols = cols_for(t, odd);
+      const Weights w = random_weights(t, 21, cols, 77 + (uint64_t)t);
+      const auto x = activations(5, cols, 13);
+      std::vector<float> first;
+      for (Isa isa : levels()) {
+        ASSERT_EQ(kernels::set_isa(isa), isa);
+        const auto y = run(w, x, 5);
+        double worst = 0;
+        check_against_ref(w, x, 5, y, isa, &worst);
+        if (HasFatalFailure()) return;
+        if (isa == Isa::ref) continue;
+        if (first.empty()) first = y;
+        else EXPECT_EQ(y, first) << dtype_name(t) << " " << isa_name(isa);
+        // Batch invariance on these blocks too.
+        std::vector<float> x1(x.begin() + 2 * cols, x.begin() + 3 * cols);
+        const auto y1 = run(w, x1, 1);
+        EXPECT_EQ(std::memcmp(y1.data(), y.data() + 2 * w.rows, (size_t)w.rows * 4), 0) << dtype_name(t);
+      }
+    }
+  }
+}
+
+TEST_F(KernelLevels, OddShapes) {
+  for (DType t : kFastTypes) {
+    const int64_t bs = dtype_traits(t)->block_size;
+    std::vector<int64_t> col_list = bs == 1 ? std::vector<int64_t>{1, 7, 16, 17, 33} : std::vector<int64_t>{bs, 3 * bs};
+    for (int64_t cols : col_list) {
+      for (int64_t rows : {1, 3, 5, 13}) {
+        const Weights w = make_weights(t, rows, cols, 31 + (uint64_t)(rows * cols));
+        const auto x = activations(6, cols, 41);
+        for (Isa isa : levels()) {
+          ASSERT_EQ(kernels::set_isa(isa), isa);
+          const auto y6 = run(w, x, 6);
+          double worst = 0;
+          check_against_ref(w, x, 6, y6, isa, &worst);
+          if (HasFatalFailure()) return;
+          for (int64_t i = 0; i < 6; ++i) {
+            std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
+            const auto y1 = run(w, xi, 1);
+            EXPECT_EQ(std::memcmp(y1.data(), y6.data() + i * rows, (size_t)rows * 4), 0)
+                << dtype_name(t) << " " << isa_name(isa) << " rows " << rows << " cols " << cols;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(KernelLevels, ZeroAndConstantActivations) {
+  for (Isa isa : levels()) {
+    ASSERT_EQ(kernels::set_isa(isa), isa);
+    for (DType t : kFastTypes) {
+      const int64_t cols = cols_for(t, true);
+      const Weights w = make_weights(t, 9, cols, 2);
+      std::vector<float> x((size_t)(2 * cols), 0.0f);
+      for (int64_t j = 0; j < cols; ++j) x[(size_t)(cols + j)] = 0.5f;
+      const auto y = run(w, x, 2);
+      for (int64_t r = 0; r < 9; ++r) EXPECT_EQ(y[(size_t)r], 0.0f) << dtype_name(t) << " " << isa_name(isa);
+      double worst = 0;
+      check_against_ref(w, x, 2, y, isa, &worst);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// ---- attention -------------------------------------------------------------------
+
+struct AttnCase {
+  int32_t n_heads, n_kv_heads, head_dim;
+  int64_t n_ctx;
+};
+
+TEST_F(KernelLevels, AttentionMatchesDoubleReference) {
+  const AttnCase cases[] = {{4, 4, 64, 1}, {4, 4, 64, 37}, {8, 2, 64, 50}, {4, 1, 8, 19},
+                            {2, 2, 80, 33}, {6, 3, 20, 7},  {32, 4, 64, 70}};
+  const int32_t block_size = 16;
+  for (const AttnCase& c : cases) {
+    const int64_t kv_stride = (int64_t)c.n_kv_heads * c.head_dim;
+    const int64_t n_blocks = (c.n_ctx + block_size - 1) / block_size;
+    Rng rng(c.n_ctx * 31 + c.head_dim);
+    // Blocks in scrambled order in one pool.
+    std::vector<float> kpool((size_t)((n_blocks + 2) * block_size * kv_stride)),
+        vpool((size_t)((n_blocks + 2) * block_size * kv_stride));
+    for (auto& v : kpool) v = (float)rng.normal();
+    for (auto& v : vpool) v = (float)rng.normal();
+    std::vector<const float*> kb, vb;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t phys = (b * 5 + 1) % (n_blocks + 2);
+      kb.push_back(kpool.data() + phys * block_size * kv_stride);
+      vb.push_back(vpool.data() + phys * block_size * kv_stride);
+    }
+    std::vector<float> q((size_t)(c.n_heads * c.head_dim));
+    for (auto& v : q) v = (float)rng.normal();
+    const float scale = 1.0f / std::sqrt((float)c.head_dim);
+
+    // Double-precision reference.
+    std::vector<double> want(q.size());
+    const int32_t group = c.n_heads / c.n_kv_heads;
+    for (int32_t h = 0; h < c.n_heads; ++h) {
+      const int64_t koff = (int64_t)(h / group) * c.head_dim;
+      std::vector<double> s((size_t)c.n_ctx);
+      double mx = -1e300;
+      for (int64_t p = 0; p < c.n_ctx; ++p) {
+        const float* kp = kb[(size_t)(p / block_size)] + (p % block_size) * kv_stride + koff;
+        double d = 0;
+        for (int32_t j = 0; j < c.head_dim; ++j) d += (double)q[(size_t)(h * c.head_dim + j)] * kp[j];
+        s[(size_t)p] = d * scale;
+        mx = std::max(mx, s[(size_t)p]);
+      }
+      double sum = 0;
+      for (auto& v : s) sum += (v = std::exp(v - mx));
+      for (int64_t p = 0; p < c.n_ctx; ++p) {
+        const float* vp = vb[(size_t)(p / block_size)] + (p % block_size) * kv_stride + koff;
+        for (int32_t j = 0; j < c.head_dim; ++j) want[(size_t)(h * c.head_dim + j)] += s[(size_t)p] / sum * vp[j];
+      }
+    }
+
+    std::vector<float> first;
+    for (Isa isa : levels()) {
+      ASSERT_EQ(kernels::set_isa(isa), isa);
+      std::vector<float> out(q.size(), -7.0f), scratch((size_t)c.n_ctx);
+      kernels::attention(q.data(), kb.data(), vb.data(), block_size, kv_stride, c.n_ctx, c.n_heads, c.n_kv_heads,
+                         c.head_dim, scale, out.data(), scratch.data());
+      // Outputs are convex combinations of N(0,1) values: an absolute bound.
+      for (size_t j = 0; j < out.size(); ++j)
+        ASSERT_NEAR(out[j], want[j], 2e-5) << isa_name(isa) << " heads " << c.n_heads << "/" << c.n_kv_heads
+                                           << " hd " << c.head_dim << " ctx " << c.n_ctx << " at " << j;
+      if (isa != Isa::ref) {
+        if (first.empty()) first = out;
+        else EXPECT_EQ(out, first) << isa_name(isa) << ": SIMD levels differ";
+      }
+    }
+  }
+}
+
+// ---- activation quantization ------------------------------------------------------
+
+TEST(ActQuant, Q8_32LayoutAndRounding) {
+  const int64_t cols = 96;  // three blocks: the last pair half-empty
+  auto x = activations(1, cols, 5);
+  for (int j = 32; j < 64; ++j) x[(size_t)j] = 0.0f;  // an all-zero block
+  std::vector<uint8_t> buf(kernels::detail::act_q8_32_row_bytes(cols));
+  ASSERT_EQ(buf.size(), 2 * kernels::detail::kActQ8_32PairBytes);
+  kernels::detail::quantize_act_q8_32(x.data(), cols, 8, buf.data());
+  for (int64_t b = 0; b < 4; ++b) {
+    const uint8_t* u = buf.data() + (b / 2) * kernels::detail::kActQ8_32PairBytes;
+    const int h = (int)(b % 2);
+    const auto* qs = reinterpret_cast<const int8_t*>(u) + 32 * h;
+    int32_t corr[16];
+    float d[16];
+    std::memcpy(corr, u + 64, sizeof corr);
+    std::memcpy(d, u + 128, sizeof d);
+    double amax = 0;
+    for (int j = 0; j < 32 && b < 3; ++j) amax = std::max(amax, (double)std::fabs(x[(size_t)(32 * b + j)]));
+    EXPECT_EQ(d[8 * h], fp16_to_fp32(fp32_to_fp16((float)amax / 127.0f))) << b;  // F16-rounded
+    for (int k = 0; k < 8; ++k) {
+      EXPECT_EQ(d[8 * h + k], d[8 * h]);
+      EXPECT_EQ(corr[8 * h + k], -8 * (qs[4 * k] + qs[4 * k + 1] + qs[4 * k + 2] + qs[4 * k + 3]));
+    }
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_GE(qs[j], -127);
+      EXPECT_LE(qs[j], 127);
+      const float xv = b < 3 ? x[(size_t)(32 * b + j)] : 0.0f;
+      // Rounded on the grid amax/127 (before the F16 rounding of the stored d).
+      EXPECT_LE(std::fabs(xv - (float)amax / 127.0f * qs[j]), amax / 127.0 * 0.5001 + 1e-30) << b << " " << j;
+    }
+  }
+}
+
+TEST(ActQuant, Q8_KSums) {
+  const int64_t cols = 512;
+  const auto x = activations(1, cols, 6);
+  std::vector<uint8_t> buf(kernels::detail::act_q8_k_row_bytes(cols));
+  kernels::detail::quantize_act_q8_k(x.data(), cols, buf.data());
+  for (int b = 0; b < 2; ++b) {
+    const uint8_t* u = buf.data() + b * kernels::detail::kActQ8_KBlockBytes;
+    const auto* qs = reinterpret_cast<const int8_t*>(u);
+    int16_t s16[16], s32[8];
+    std::memcpy(s16, u + 256, sizeof s16);
+    std::memcpy(s32, u + 288, sizeof s32);
+    for (int j = 0; j < 16; ++j) {
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += qs[16 * j + l];
+      EXPECT_EQ(s16[j], s);
+    }
+    for (int j = 0; j < 8; ++j) EXPECT_EQ(s32[j], s16[2 * j] + s16[2 * j + 1]);
+  }
+}
+
+TEST(ActQuant, SimdQuantizersMatchScalar) {
+  struct Level {
+    Isa isa;
+    const kernels::detail::KernelTable* table;
+  };
+  const Level lv[] = {{Isa::avx2, kernels::detail::kernel_table_avx2()},
+                      {Isa::avx512, kernels::detail::kernel_table_avx512()},
+                      {Isa::avx512vnni, kernels::detail::kernel_table_avx512vnni()}};
+  for (int64_t cols : {256, 512, 1280}) {
+    auto x = activations(3, cols, (uint64_t)cols);
+    for (int j = 0; j < 32; ++j) x[(size_t)(cols + 64 + j)] = 0.0f;      // a zero 32-block
+    for (int j = 0; j < 256; ++j) x[(size_t)(2 * cols + j)] = 0.0f;      // a zero 256-block
+    x[5] = 3e38f;                                                         // extreme magnitudes
+    x[cols + 7] = -1e-38f;
+    for (int64_t i = 0; i < 3; ++i) {
+      const float* xi = x.data() + i * cols;
+      for (int64_t c : {cols, cols - 32}) {  // even and odd numbers of 32-blocks
+        for (int offset : {0, 8, 128}) {
+          std::vector<uint8_t> want(kernels::detail::act_q8_32_row_bytes(c)), got(want.size());
+          kernels::detail::quantize_act_q8_32(xi, c, offset, want.data());
+          for (const Level& l : lv) {
+            if (!isa_supported(l.isa, cpu_features()) || !l.table) continue;
+            std::fill(got.begin(), got.end(), 0xAB);
+            l.table->quantize_q8_32(xi, c, offset, got.data());
+            EXPECT_EQ(got, want) << isa_name(l.isa) << " q8_32 cols " << c << " offset " << offset << " row " << i;
+          }
+        }
+      }
+      std::vector<uint8_t> want(kernels::detail::act_q8_k_row_bytes(cols)), got(want.size());
+      kernels::detail::quantize_act_q8_k(xi, cols, want.data());
+      for (const Level& l : lv) {
+        if (!isa_supported(l.isa, cpu_features()) || !l.table) continue;
+        std::fill(got.begin(), got.end(), 0xAB);
+        l.table->quantize_q8_k(xi, cols, got.data());
+        EXPECT_EQ(got, want) << isa_name(l.isa) << " q8_k cols " << cols << " row " << i;
+      }
+    }
+  }
+}
+
+// ---- ISA selection ------------------------------------------------------------------
+
+TEST(CpuFeatures, ChooseIsa) {
+  CpuFeatures none;
+  CpuFeatures avx2;
+  avx2.avx2 = avx2.fma = avx2.f16c = true;
+  CpuFeatures avx512 = avx2;
+  avx512.avx512f = avx512.avx512bw = avx512.avx512vl = true;
+  CpuFeatures vnni = avx512;
+  vnni.avx512vnni = true;
+
+  EXPECT_EQ(best_isa(none), Isa::ref);
+  EXPECT_EQ(best_isa(avx2), Isa::avx2);
+  EXPECT_EQ(best_isa(avx512), Isa::avx512);
+  EXPECT_EQ(best_isa(vnni), Isa::avx512vnni);
+  CpuFeatures no_fma = avx2;
+  no_fma.fma = false;
+  EXPECT_EQ(best_isa(no_fma), Isa::ref);
+
+  std::string_view err;
+  EXPECT_EQ(choose_isa(vnni, nullptr, &err), Isa::avx512vnni);
+  EXPECT_EQ(choose_isa(vnni, "", &err), Isa::avx512vnni);
+  EXPECT_EQ(choose_isa(vnni, "ref", &err), Isa::ref);
+  EXPECT_EQ(choose_isa(vnni, "avx2", &err), Isa::avx2);
+  EXPECT_EQ(choose_isa(avx2, "avx512vnni", &err), Isa::avx2);  // capped
+  EXPECT_EQ(choose_isa(none, "avx512", &err), Isa::ref);
+  EXPECT_TRUE(err.empty());
+  EXPECT_EQ(choose_isa(avx512, "sse9", &err), Isa::avx512);
+  EXPECT_NE(err.find("unknown"), std::string_view::npos);
+
+  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni}) EXPECT_EQ(isa_from_name(isa_name(i)), i);
+  EXPECT_FALSE(isa_from_name("AVX2").has_value());
+}
+
+TEST(CpuFeatures, HostIsConsistent) {
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512bw || f.avx512vl || f.avx512vnni || f.avx512vbmi) {
+    EXPECT_TRUE(f.avx512f);
+  }
+  EXPECT_TRUE(isa_supported(selected_isa(), f));
+  std::printf("cpu: avx2=%d fma=%d f16c=%d avx512f=%d bw=%d vl=%d vbmi=%d vnni=%d avxvnni=%d bf16=%d\n", f.avx2,
+              f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vl, f.avx512vbmi, f.avx512vnni, f.avxvnni, f.avx512bf16);
+}
+
+}  // namespace
+}  // namespace serval
