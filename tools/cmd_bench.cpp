@@ -154,6 +154,8 @@ nlohmann::json to_json(const RunResult& r) {
           {"itl_mean_s", r.itl_mean},
           {"itl_p50_s", r.itl_p50},
           {"itl_p99_s", r.itl_p99},
+          // Steady-state decode rate: sequences in flight / mean inter-token latency.
+          {"decode_tok_s", r.itl_mean > 0 ? (double)std::min(r.concurrency, (int)r.stats.requests_finished) / r.itl_mean : 0.0},
           {"kv_blocks_total", s.kv_blocks_total},
           {"kv_blocks_peak", s.kv_blocks_peak},
           {"kv_waste_pct", 100.0 * s.kv_waste_ratio},
@@ -238,9 +240,10 @@ int cmd_bench(int argc, char** argv) {
       std::printf(
           "concurrency %d: %lld requests in %.2f s | gen %.1f tok/s | prefill %.1f tok/s\n"
           "  TTFT mean %.4f p50 %.4f p99 %.4f s (first %.4f, rest p50 %.4f) | ITL mean %.4f p50 %.4f p99 %.4f s\n"
+          "  decode %.1f tok/s (sequences in flight / mean ITL)\n"
           "  KV blocks peak %d/%d, waste %.2f %% | prefix hit rate %.3f | preemptions %lld | errors %lld\n",
           c, (long long)n_requests, r.wall_s, r.gen_tok_s, r.prefill_tok_s, r.ttft_mean, r.ttft_p50, r.ttft_p99,
-          r.ttft_first, r.ttft_rest_p50, r.itl_mean, r.itl_p50, r.itl_p99, r.stats.kv_blocks_peak,
+          r.ttft_first, r.ttft_rest_p50, r.itl_mean, r.itl_p50, r.itl_p99, (double)j["decode_tok_s"], r.stats.kv_blocks_peak,
           r.stats.kv_blocks_total, (double)j["kv_waste_pct"], (double)j["prefix_hit_rate"],
           (long long)r.stats.preemptions, (long long)r.errors);
       std::fflush(stdout);
