@@ -137,6 +137,26 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit((std::uint32_t)srv_->cfg.max_header_bytes);
     parser_->body_limit((std::uint64_t)srv_->cfg.max_body_bytes);
     stream_.expires_after(std::chrono::seconds(first_request_ ? srv_->cfg.read_timeout_s : srv_->cfg.idle_timeout_s));
+    bhttp::async_read_header(stream_, buffer_, *parser_,
+                             beast::bind_front_handler(&Session::on_header, shared_from_this()));
+  }
+
+  // Headers are in: answer `Expect: 100-continue` (curl sends it for large
+  // bodies and waits for it), then read the body within the read timeout.
+  void on_header(beast::error_code ec, size_t) {
+    if (ec) return on_read(ec, 0);
+    stream_.expires_after(std::chrono::seconds(srv_->cfg.read_timeout_s));
+    const auto& h = parser_->get();
+    auto expect = h[bhttp::field::expect];
+    if (beast::iequals(expect, "100-continue") && !parser_->is_done()) {
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      net::async_write(stream_, net::buffer(kContinue), [self = shared_from_this()](beast::error_code wec, size_t) {
+        if (wec) return self->close();
+        bhttp::async_read(self->stream_, self->buffer_, *self->parser_,
+                          beast::bind_front_handler(&Session::on_read, self));
+      });
+      return;
+    }
     bhttp::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::on_read, shared_from_this()));
   }
 

@@ -259,7 +259,9 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
   } else {
     const json* pr = rd.get("prompt");
     if (!pr) return bad_request("prompt: required", "prompt");
-    auto add_text = [&](const std::string& s) { 
+    bool empty_text = false;
+    auto add_text = [&](const std::string& s) {
+      empty_text |= s.empty();
       r.prompts.push_back(tok.encode(s, tok.add_bos(), /*parse_special=*/true));
       r.prompt_texts.push_back(s);
     };
@@ -291,6 +293,7 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
     } else {
       return bad_request("prompt: expected a string, an array of strings, or token ids", "prompt");
     }
+    if (empty_text) return bad_request("prompt: must not be empty", "prompt");
     if ((size_t)r.n * r.prompts.size() > (size_t)ctx.limits.max_n * 4)
       return bad_request("n x number of prompts is too large", "n");
   }

@@ -79,6 +79,8 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
                 {"model", req.model}};
   }
 
+  size_t prompt_idx_of(const Choice& c) const { return (size_t)(&c - choices.data()) / (size_t)req.n; }
+
   // Adds one event's logprobs to choice c; returns the per-chunk logprobs JSON.
   json add_logprobs(Choice& c, const OutputEvent& ev) {
     const Tokenizer& tok = srv->engine_.tokenizer();
@@ -98,6 +100,9 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       return json{{"content", content}};
     }
     json tokens = json::array(), tlp = json::array(), top = json::array(), offs = json::array();
+    // text_offset counts from the start of the returned text (the prompt, with echo).
+    const size_t base = req.echo ? req.prompt_texts[prompt_idx_of(c)].size() : 0;
+    size_t at = base + c.text.size();
     for (const auto& lp : ev.logprobs) {
       const std::string piece = tok.token_to_piece(lp.chosen.token);
       json t = json::object();
@@ -106,7 +111,8 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       tokens.push_back(piece);
       tlp.push_back(lp.chosen.logprob);
       top.push_back(t);
-      offs.push_back((int64_t)c.text.size());
+      offs.push_back((int64_t)at);
+      at += piece.size();
     }
     for (auto& x : tokens) c.lp_tokens.push_back(x);
     for (auto& x : tlp) c.lp_token_logprobs.push_back(x);
@@ -163,8 +169,12 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
             {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
   }
 
+  // The request leaves the in-flight count before its last bytes are queued,
+  // so a client that sends its next request right after reading this one is
+  // never counted twice (no spurious 429).
   void complete() {
     finished = true;
+    srv->job_done(*this);
     if (req.stream) {
       if (req.include_usage) {
         json chunk = chunk_base();
@@ -200,13 +210,13 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       out["usage"] = usage();
       srv->send_json(ch, 200, dump(out));
     }
-    srv->job_done(*this);
   }
 
   void fail(const ApiError& e) {
     if (finished) return;
     finished = true;
     cancel_all();
+    srv->job_done(*this);
     if (req.stream) {
       ch->write("data: " + e.body() + "\n\n");
       ch->write("data: [DONE]\n\n");
@@ -214,7 +224,6 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     } else {
       srv->send_error(ch, e);
     }
-    srv->job_done(*this);
   }
 
   // Drains every stream's queued events (any thread; serialized).
@@ -279,6 +288,11 @@ void OpenAiServer::send_error(const std::shared_ptr<http::ResponseChannel>& ch, 
   ch->send(e.status, "application/json", e.body(), std::move(extra));
 }
 
+void OpenAiServer::method_not_allowed(const std::shared_ptr<http::ResponseChannel>& ch, const char* allow) {
+  send_error(ch, ApiError{405, std::string("method not allowed; use ") + allow, "invalid_request_error", "", "method_not_allowed"},
+             {{"Allow", allow}});
+}
+
 bool OpenAiServer::authorized(const http::HttpRequest& req) const {
   if (cfg_.api_keys.empty()) return true;
   const std::string h = req.header("authorization");
@@ -322,7 +336,7 @@ void OpenAiServer::reaper_loop() {
 void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseChannel> ch) {
   const std::string& path = req.path;
   if (path == "/health") {
-    if (req.method != "GET") return send_error(ch, ApiError{405, "use GET", "invalid_request_error", "", ""});
+    if (req.method != "GET") return method_not_allowed(ch, "GET");
     return send_json(ch, 200, R"({"status":"ok"})");
   }
   if (!authorized(req))
@@ -340,22 +354,22 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
     return send_error(ch, ApiError{503, "server is shutting down; no new requests", "server_error", "", "draining"});
   const bool post = req.method == "POST";
   if (path == "/v1/models") {
-    if (req.method != "GET") return send_error(ch, ApiError{405, "use GET", "invalid_request_error", "", ""});
+    if (req.method != "GET") return method_not_allowed(ch, "GET");
     const EngineInfo info = engine_.info();
     json m = {{"id", cfg_.model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
               {"max_model_len", info.max_model_len}};
     return send_json(ch, 200, dump(json{{"object", "list"}, {"data", json::array({m})}}));
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    if (!post) return send_error(ch, ApiError{405, "use POST", "invalid_request_error", "", ""});
+    if (!post) return method_not_allowed(ch, "POST");
     return handle_generate(req, std::move(ch), path == "/v1/chat/completions");
   }
   if (path == "/tokenize") {
-    if (!post) return send_error(ch, ApiError{405, "use POST", "invalid_request_error", "", ""});
+    if (!post) return method_not_allowed(ch, "POST");
     return handle_tokenize(req, ch);
   }
   if (path == "/detokenize") {
-    if (!post) return send_error(ch, ApiError{405, "use POST", "invalid_request_error", "", ""});
+    if (!post) return method_not_allowed(ch, "POST");
     return handle_detokenize(req, ch);
   }
   send_error(ch, ApiError{404, "no route for " + req.method + " " + path, "invalid_request_error", "", "not_found"});
@@ -519,7 +533,7 @@ std::string OpenAiServer::metrics_text() const {
   metric("serval_requests_running", "gauge", "Sequences in the running batch.", (double)s.running);
   metric("serval_requests_waiting", "gauge", "Sequences waiting to be scheduled.", (double)s.waiting);
   metric("serval_kv_blocks_used", "gauge", "KV-cache blocks in use.", (double)s.kv_blocks_used);
-  metric("serval_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", (double)s.kv_blocks_total);
+  metric("serval_kv_blocks_capacity", "gauge", "KV-cache blocks in the pool.", (double)s.kv_blocks_total);
   metric("serval_kv_usage_ratio", "gauge", "Used / total KV-cache blocks.",
          s.kv_blocks_total ? (double)s.kv_blocks_used / s.kv_blocks_total : 0.0);
   metric("serval_http_requests_in_flight", "gauge", "Generation requests accepted and not finished.",

@@ -60,6 +60,7 @@ class OpenAiServer {
   void send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra = {});
   void send_json(const std::shared_ptr<http::ResponseChannel>& ch, int status, const std::string& body);
   bool authorized(const http::HttpRequest& req) const;
+  void method_not_allowed(const std::shared_ptr<http::ResponseChannel>& ch, const char* allow);
   void count_status(int status);
   void count_finish(const std::string& reason);
   void job_done(Job& job);

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Runs node/openai_sdk_test.mjs (the official OpenAI Node SDK against
+`serval serve`): installs the SDK from node/package-lock.json with `npm ci`
+into a work folder (a build folder: nothing is written to the source tree),
+starts a server with an API key and runs the script.
+
+Skips (prints SKIP, exits 0) only when `node` or `npm` is not installed; a
+failing `npm ci` (registry unreachable, bad lock file) is a failure.
+
+  run_node_test.py [--serval PATH] [--shared DIR] [--work DIR]
+"""
+
+import argparse
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import harness  # noqa: E402
+from harness import Config, Server  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODE_SRC = os.path.join(HERE, "node")
+FILES = ("package.json", "package-lock.json", "openai_sdk_test.mjs")
+NAME = "server_openai_node"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serval", default=Config.serval)
+    ap.add_argument("--shared", default=Config.shared)
+    ap.add_argument("--work", default=os.path.join(harness.REPO, "build", "tests", "server", "node"))
+    a = ap.parse_args()
+    Config.serval = os.path.abspath(a.serval)
+    Config.shared = os.path.abspath(a.shared)
+    signal.signal(signal.SIGTERM, harness._on_signal)
+    signal.signal(signal.SIGINT, harness._on_signal)
+    sys.stdout.reconfigure(line_buffering=True)
+    t_start = time.monotonic()
+
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        missing = " and ".join(n for n, p in (("node", node), ("npm", npm)) if not p)
+        print(f"SKIP {NAME}: {missing} not installed (Debian: apt-get install nodejs npm)")
+        print(f"{NAME}: 0 passed, 0 failed, 1 skipped")
+        return 0
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"== {NAME}: node {version} ({node}), npm {npm}; work dir {a.work}")
+
+    # npm ci into the work folder, unless the same lock file is installed there already.
+    os.makedirs(a.work, exist_ok=True)
+    for f in FILES:
+        shutil.copyfile(os.path.join(NODE_SRC, f), os.path.join(a.work, f))
+    with open(os.path.join(NODE_SRC, "package-lock.json"), "rb") as f:
+        stamp = hashlib.sha256(f.read() + version.encode()).hexdigest()
+    stamp_path = os.path.join(a.work, "node_modules", ".serval-stamp")
+    installed = os.path.exists(stamp_path) and open(stamp_path).read() == stamp
+    if not installed:
+        t0 = time.monotonic()
+        p = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=a.work,
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            print(p.stdout[-4000:] + p.stderr[-4000:])
+            print(f"FAIL {NAME}: `npm ci` failed with status {p.returncode} in {a.work}")
+            print(f"{NAME}: 0 passed, 1 failed")
+            return 1
+        with open(stamp_path, "w") as f:
+            f.write(stamp)
+        print(f"  npm ci: {time.monotonic() - t0:.1f} s")
+
+    key = "sk-serval-node-test"
+    model_id = "stories260K"
+    try:
+        with Server("--api-key", key, "--served-model-name", model_id, name="node") as srv:
+            env = dict(os.environ, SERVAL_BASE_URL=f"http://127.0.0.1:{srv.port}/v1", SERVAL_API_KEY=key,
+                       SERVAL_MODEL_ID=model_id,
+                       SERVAL_GOLDEN=os.path.join(Config.shared, "golden", "stories260K-greedy.json"))
+            env.pop("OPENAI_BASE_URL", None)
+            env.pop("OPENAI_API_KEY", None)
+            p = subprocess.run([node, os.path.join(a.work, "openai_sdk_test.mjs")], cwd=a.work, env=env,
+                               timeout=180)
+            if p.returncode != 0:
+                harness._print_log_tails()
+            rc = p.returncode
+    except AssertionError as e:
+        print(f"FAIL {NAME}: {e}")
+        print(f"{NAME}: 0 passed, 1 failed")
+        return 1
+    print(f"  ({time.monotonic() - t_start:.1f} s)")
+    return 0 if rc == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
