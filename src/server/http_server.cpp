@@ -145,7 +145,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // bodies and waits for it), then read the body within the read timeout.
   void on_header(beast::error_code ec, size_t) {
     if (ec) return on_read(ec, 0);
-    stream_.expires_after(std::chrono::seconds(srv_->cfg.read_timeout_s));
+    // The deadline set in do_read() keeps running: headers and body together.
     const auto& h = parser_->get();
     auto expect = h[bhttp::field::expect];
     if (beast::iequals(expect, "100-continue") && !parser_->is_done()) {

@@ -1,4 +1,5 @@
 #include "tokenizer/bpe.h"
+#include "tokenizer/symbol_merge.h"
 
 #include <queue>
 
@@ -10,24 +11,12 @@ namespace {
 
 constexpr char kSep = '\xff';
 
-struct Symbol {
-  size_t start = 0;
-  size_t len = 0;  // 0 once merged into its left neighbour
-  int32_t prev = -1;
-  int32_t next = -1;
-};
-
-struct Candidate {
-  int32_t rank;
-  int32_t left;
-  int32_t right;
-  size_t left_len;   // the state the candidate was made for; stale when changed
-  size_t right_len;
-};
+using Symbol = tokenizer_detail::MergeSymbol;
+using Candidate = tokenizer_detail::MergeCandidate<int32_t>;
 
 struct WorseCandidate {
   bool operator()(const Candidate& a, const Candidate& b) const {
-    if (a.rank != b.rank) return a.rank > b.rank;  // lowest rank first
+    if (a.priority != b.priority) return a.priority > b.priority;  // lowest rank first
     return a.left > b.left;                        // then leftmost
   }
 };
@@ -104,31 +93,16 @@ void BpeModel::encode_word(const Vocab& vocab, std::string_view word, std::vecto
   }
 
   std::string scratch;
-  std::priority_queue<Candidate, std::vector<Candidate>, WorseCandidate> queue;
   const std::string_view t = text;
-  auto try_add = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const Symbol& l = symbols[left];
-    const Symbol& r = symbols[right];
-    const int32_t rk = rank(t.substr(l.start, l.len), t.substr(r.start, r.len), scratch);
-    if (rk < 0) return;
-    queue.push({rk, left, right, l.len, r.len});
-  };
-  for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) try_add(i - 1, i);
-
-  while (!queue.empty()) {
-    const Candidate c = queue.top();
-    queue.pop();
-    Symbol& l = symbols[c.left];
-    Symbol& r = symbols[c.right];
-    if (l.len != c.left_len || r.len != c.right_len || l.next != c.right || r.len == 0) continue;  // stale
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[r.next].prev = c.left;
-    try_add(l.prev, c.left);
-    try_add(c.left, l.next);
-  }
+  tokenizer_detail::merge_symbols<int32_t>(
+      symbols,
+      [&](int32_t left, int32_t right, int32_t* rk) {
+        const Symbol& l = symbols[(size_t)left];
+        const Symbol& r = symbols[(size_t)right];
+        *rk = rank(t.substr(l.start, l.len), t.substr(r.start, r.len), scratch);
+        return *rk >= 0;
+      },
+      WorseCandidate{});
 
   for (int32_t i = 0; i != -1; i = symbols[i].next) {
     const std::string_view piece = t.substr(symbols[i].start, symbols[i].len);

@@ -1,4 +1,5 @@
 #include "tokenizer/spm.h"
+#include "tokenizer/symbol_merge.h"
 
 #include <cstdio>
 #include <queue>
@@ -9,26 +10,12 @@ namespace serval {
 
 namespace {
 
-struct Symbol {
-  size_t start = 0;
-  size_t len = 0;    // 0 once merged into its left neighbour
-  int32_t prev = -1;
-  int32_t next = -1;
-};
-
-// A candidate merge of symbols[left] and symbols[right]. The lengths record
-// the state it was made for: when either symbol has changed since, it is stale.
-struct Candidate {
-  float score;
-  int32_t left;
-  int32_t right;
-  size_t left_len;
-  size_t right_len;
-};
+using Symbol = tokenizer_detail::MergeSymbol;
+using Candidate = tokenizer_detail::MergeCandidate<float>;
 
 struct WorseCandidate {
   bool operator()(const Candidate& a, const Candidate& b) const {
-    if (a.score != b.score) return a.score < b.score;  // higher score first
+    if (a.priority != b.priority) return a.priority < b.priority;  // higher score first
     return a.left > b.left;                             // then leftmost
   }
 };
@@ -68,30 +55,17 @@ void spm_encode(const Vocab& vocab, std::string_view text, std::vector<TokenId>&
   }
   if (symbols.empty()) return;
 
-  std::priority_queue<Candidate, std::vector<Candidate>, WorseCandidate> queue;
-  auto try_add = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const Symbol& l = symbols[left];
-    const Symbol& r = symbols[right];
-    const TokenId id = vocab.find(text.substr(l.start, l.len + r.len));
-    if (id == kNoToken) return;
-    queue.push({vocab.tokens[static_cast<size_t>(id)].score, left, right, l.len, r.len});
-  };
-  for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) try_add(i - 1, i);
-
-  while (!queue.empty()) {
-    const Candidate c = queue.top();
-    queue.pop();
-    Symbol& l = symbols[c.left];
-    Symbol& r = symbols[c.right];
-    if (l.len != c.left_len || r.len != c.right_len || l.next != c.right || r.len == 0) continue;  // stale
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[r.next].prev = c.left;
-    try_add(l.prev, c.left);
-    try_add(c.left, l.next);
-  }
+  tokenizer_detail::merge_symbols<float>(
+      symbols,
+      [&](int32_t left, int32_t right, float* score) {
+        const Symbol& l = symbols[(size_t)left];
+        const Symbol& r = symbols[(size_t)right];
+        const TokenId id = vocab.find(text.substr(l.start, l.len + r.len));
+        if (id == kNoToken) return false;
+        *score = vocab.tokens[static_cast<size_t>(id)].score;
+        return true;
+      },
+      WorseCandidate{});
 
   // Symbol 0 is never merged away, so the chain starts there.
   for (int32_t i = 0; i != -1; i = symbols[i].next) {
