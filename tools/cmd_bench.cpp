@@ -11,6 +11,7 @@
 
 #include "bench_http.h"
 #include "cli_util.h"
+#include "load_model.h"
 #include "commands.h"
 #include "model/model.h"
 #include "serval/engine.h"
@@ -215,11 +216,10 @@ int cmd_bench(int argc, char** argv) {
   if (shared_prefix > prompt_len) return fail(cmd, "--shared-prefix must not exceed --prompt-len");
   auto kvb = parse_kv_memory(kv_mem);
   if (!kvb.ok()) return fail(cmd, kvb.status().message());
-  auto model = Model::load(model_path);
-  if (!model.ok()) return fail(cmd, model.status().message());
-  std::shared_ptr<const Model> m(std::move(model.value()));
-  auto tok = Tokenizer::from_gguf(m->file());
-  if (!tok.ok()) return fail(cmd, tok.status().message());
+  auto loaded = load_model(cmd, model_path);
+  if (!loaded) return 2;
+  const std::shared_ptr<const Model>& m = loaded->model;
+  const Tokenizer* tok = loaded->tok.get();
 
   EngineConfig ec;
   ec.n_threads = threads;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli_util.h"
+#include "load_model.h"
 #include "commands.h"
 #include "common/thread_pool.h"
 #include "model/model.h"
@@ -63,12 +64,11 @@ int cmd_run(int argc, char** argv) {
     prompt = ss.str();
   }
 
-  auto model = Model::load(model_path);
-  if (!model.ok()) return fail(cmd, model.status().message());
-  std::shared_ptr<const Model> shared_model(std::move(model.value()));
+  auto loaded = load_model(cmd, model_path);
+  if (!loaded) return 2;
+  const std::shared_ptr<const Model>& shared_model = loaded->model;
   const Model& m = *shared_model;
-  auto tok = Tokenizer::from_gguf(m.file());
-  if (!tok.ok()) return fail(cmd, tok.status().message());
+  const Tokenizer* tok = loaded->tok.get();
   if (tok->n_vocab() != m.config().n_vocab)
     return fail(cmd, "tokenizer has " + std::to_string(tok->n_vocab()) + " tokens but the model has " +
                          std::to_string(m.config().n_vocab));

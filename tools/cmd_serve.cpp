@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "cli_util.h"
+#include "load_model.h"
 #include "commands.h"
 #include "common/thread_pool.h"
 #include "model/model.h"
@@ -111,11 +112,10 @@ int cmd_serve(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto model = Model::load(model_path);
-  if (!model.ok()) return fail(cmd, model.status().message());
-  std::shared_ptr<const Model> m(std::move(model.value()));
-  auto tok = Tokenizer::from_gguf(m->file());
-  if (!tok.ok()) return fail(cmd, tok.status().message());
+  auto loaded = load_model(cmd, model_path);
+  if (!loaded) return 2;
+  const std::shared_ptr<const Model>& m = loaded->model;
+  const Tokenizer* tok = loaded->tok.get();
   EngineConfig ec;
   ec.n_threads = threads;
   ec.kv_memory_bytes = *kvb;
