@@ -42,17 +42,7 @@ std::string spm_escape_spaces(std::string_view text) {
 }
 
 void spm_encode(const Vocab& vocab, std::string_view text, std::vector<TokenId>& out) {
-  std::vector<Symbol> symbols;
-  for (size_t pos = 0; pos < text.size();) {
-    const size_t n = std::min(unicode::utf8_len_from_lead(static_cast<uint8_t>(text[pos])), text.size() - pos);
-    Symbol s;
-    s.start = pos;
-    s.len = n;
-    s.prev = static_cast<int32_t>(symbols.size()) - 1;
-    pos += n;
-    s.next = pos == text.size() ? -1 : static_cast<int32_t>(symbols.size()) + 1;
-    symbols.push_back(s);
-  }
+  std::vector<Symbol> symbols = tokenizer_detail::utf8_symbols(text);
   if (symbols.empty()) return;
 
   tokenizer_detail::merge_symbols<float>(

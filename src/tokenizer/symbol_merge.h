@@ -3,10 +3,14 @@
 // Internal to the tokenizer layer.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <queue>
+#include <string_view>
 #include <vector>
+
+#include "tokenizer/unicode.h"
 
 namespace serval::tokenizer_detail {
 
@@ -16,6 +20,23 @@ struct MergeSymbol {
   int32_t prev = -1;
   int32_t next = -1;
 };
+
+// One symbol per UTF-8 character of `text` (a truncated tail is one symbol),
+// linked in order.
+inline std::vector<MergeSymbol> utf8_symbols(std::string_view text) {
+  std::vector<MergeSymbol> symbols;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t n = std::min(unicode::utf8_len_from_lead(static_cast<uint8_t>(text[pos])), text.size() - pos);
+    MergeSymbol s;
+    s.start = pos;
+    s.len = n;
+    s.prev = static_cast<int32_t>(symbols.size()) - 1;
+    pos += n;
+    s.next = pos == text.size() ? -1 : static_cast<int32_t>(symbols.size()) + 1;
+    symbols.push_back(s);
+  }
+  return symbols;
+}
 
 // A candidate merge of symbols[left] and symbols[right]. The lengths record
 // the state it was made for: when either symbol has changed since, it is stale.
