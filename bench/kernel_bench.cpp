@@ -82,23 +82,30 @@ std::shared_ptr<Matrix> make_matrix(DType t, int64_t rows, int64_t cols) {
   return m;
 }
 
-void bm_matmul(benchmark::State& state, Isa isa, DType t, int64_t rows, int64_t cols, int64_t n) {
+// packed: multiply with kernels::PackedMatrix copies of the matrix (as the
+// model does for packable types).
+void bm_matmul(benchmark::State& state, Isa isa, DType t, int64_t rows, int64_t cols, int64_t n, bool packed) {
   if (kernels::set_isa(isa) != isa) {
     state.SkipWithError("kernel level not supported on this CPU");
     return;
   }
   static std::shared_ptr<Matrix> cached;
+  static std::vector<kernels::PackedMatrix> cached_packed;
   if (!cached || cached->t != t || cached->rows != rows || cached->cols != cols) {
     cached.reset();
+    cached_packed.clear();
     cached = make_matrix(t, rows, cols);
   }
   const Matrix& m = *cached;
+  if (packed && cached_packed.empty())
+    for (int c = 0; c < m.copies; ++c) cached_packed.push_back(kernels::PackedMatrix::pack(t, m.copy(c), rows, cols));
   std::vector<float> x((size_t)(n * cols)), y((size_t)(n * rows));
   uint64_t s = 7;
   for (auto& v : x) v = (float)((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5);
   int c = 0;
   for (auto _ : state) {
-    kernels::matmul(t, m.copy(c), rows, cols, x.data(), n, y.data(), &pool());
+    if (packed) kernels::matmul(cached_packed[(size_t)c], x.data(), n, y.data(), &pool());
+    else kernels::matmul(t, m.copy(c), rows, cols, x.data(), n, y.data(), &pool());
     benchmark::ClobberMemory();
     if (++c == m.copies) c = 0;
   }
@@ -149,17 +156,21 @@ int register_all() {
   };
   const Shape shapes[] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
   for (DType t : types)
-    for (const Shape& sh : shapes)
-      for (int64_t n : {1, 16, 128})
-        for (Isa isa : isas) {
-          if (!isa_supported(isa, cpu_features())) continue;
-          const std::string name = "matmul/" + std::string(dtype_name(t)) + "/" + std::to_string(sh.rows) + "x" +
-                                   std::to_string(sh.cols) + "/n" + std::to_string(n) + "/" + isa_name(isa);
-          benchmark::RegisterBenchmark(name.c_str(), bm_matmul, isa, t, sh.rows, sh.cols, n)
-              ->Unit(benchmark::kMicrosecond)
-              ->UseRealTime()
-              ->ComputeStatistics("min", min_of);
-        }
+    for (bool packed : {false, true}) {
+      if (packed && !kernels::PackedMatrix::packable(t)) continue;
+      for (const Shape& sh : shapes)
+        for (int64_t n : {1, 16, 128})
+          for (Isa isa : isas) {
+            if (!isa_supported(isa, cpu_features())) continue;
+            const std::string name = "matmul/" + std::string(dtype_name(t)) + (packed ? "x16" : "") + "/" +
+                                     std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + "/n" +
+                                     std::to_string(n) + "/" + isa_name(isa);
+            benchmark::RegisterBenchmark(name.c_str(), bm_matmul, isa, t, sh.rows, sh.cols, n, packed)
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime()
+                ->ComputeStatistics("min", min_of);
+          }
+    }
   for (int64_t ctx : {128, 1024})
     for (Isa isa : isas) {
       if (!isa_supported(isa, cpu_features())) continue;

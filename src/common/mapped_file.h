@@ -28,6 +28,12 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Tells the kernel the whole pages inside [p, p + n) (a range of this
+  // mapping) are not needed for now: they leave the process's resident set
+  // (the page cache keeps them) and fault back in if read again. For data
+  // the caller has copied elsewhere, e.g. repacked weights.
+  void release(const void* p, size_t n) const;
+
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;

@@ -66,6 +66,8 @@ class GgufFile {
   const TensorInfo* find_tensor(std::string_view name) const;
   // Bytes of a tensor's data (validated to lie inside the file).
   std::span<const uint8_t> tensor_data(const TensorInfo& t) const;
+  // MappedFile::release for bytes of a mapped file (no-op for parsed buffers).
+  void release(const void* p, size_t n) const { file_.release(p, n); }
 
  private:
   Status parse_header();

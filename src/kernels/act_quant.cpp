@@ -53,6 +53,19 @@ void quantize_act_q8_32(const float* x, int64_t cols, int offset, uint8_t* dst) 
   }
 }
 
+void quantize_act_q8_0p(const float* x, int64_t cols, int offset, uint8_t* dst) {
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    uint8_t* unit = dst + b * kActQ8_0PBlockBytes;
+    auto* qs = reinterpret_cast<int8_t*>(unit);
+    const float d = act_scale_q8_32(quantize_block(x + b * 32, 32, qs));
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) sum += qs[j];
+    const int32_t corr = -offset * sum;
+    std::memcpy(unit + 32, &corr, 4);
+    std::memcpy(unit + 36, &d, 4);
+  }
+}
+
 void quantize_act_q8_k(const float* x, int64_t cols, uint8_t* dst) {
   const int64_t nb = cols / 256;
   for (int64_t b = 0; b < nb; ++b) {

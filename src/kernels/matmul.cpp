@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "common/status.h"
 #include "kernels/act_quant.h"
 #include "kernels/kernel_table.h"
 #include "kernels/ref/quants.h"
+#include "tensor/quant_blocks.h"
 
 namespace serval::kernels {
 namespace {
@@ -110,6 +113,23 @@ uint8_t* act_scratch(size_t bytes) {
   return buf.data() + ((64 - (p & 63)) & 63);
 }
 
+// Runs fn over all rows, split over the pool in units of 16 rows (a multiple of
+// every tile height and the packed group size), at least ~256K multiply-adds
+// per chunk so that small matrices stay on one thread.
+void run_rows(detail::MatmulRowsFn fn, const detail::MatmulTask& task, ThreadPool* pool) {
+  constexpr int64_t kUnit = 16;
+  const int64_t rows = task.rows;
+  if (pool == nullptr) {
+    fn(task, 0, rows);
+    return;
+  }
+  const int64_t units = (rows + kUnit - 1) / kUnit;
+  const int64_t per_unit = std::max<int64_t>(1, kUnit * task.cols * task.n);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / per_unit);
+  pool->parallel_for(
+      units, [&](int64_t u0, int64_t u1) { fn(task, u0 * kUnit, std::min(rows, u1 * kUnit)); }, grain);
+}
+
 }  // namespace
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -177,20 +197,92 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
     else quantize(0, n);
   }
 
-  // Rows in units of 16 (a multiple of every tile height); at least ~256K
-  // multiply-adds per chunk so that small matrices stay on one thread.
-  constexpr int64_t kUnit = 16;
-  const int64_t units = (rows + kUnit - 1) / kUnit;
-  if (!parallel) {
-    k.fn(task, 0, rows);
+  run_rows(k.fn, task, parallel ? pool : nullptr);
+}
+
+size_t PackedMatrix::group_bytes() const {
+  return (size_t)(cols_ / 32) * detail::kQ4_0x16BlockBytes;
+}
+
+void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
+
+bool PackedMatrix::packable(DType t) { return t == DType::q4_0; }
+
+PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t cols) {
+  SERVAL_ASSERT(packable(t) && rows >= 0 && cols >= 0 && cols % 32 == 0);
+  PackedMatrix p;
+  p.type_ = t;
+  p.rows_ = rows;
+  p.cols_ = cols;
+  const int64_t groups = (rows + detail::kQ4_0x16Rows - 1) / detail::kQ4_0x16Rows;
+  const int64_t nb = cols / 32;
+  const size_t gb = p.group_bytes();
+  p.bytes_ = (size_t)groups * gb;
+  const size_t alloc = (p.bytes_ + 63) / 64 * 64;
+  p.buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc ? alloc : 64)));
+  SERVAL_ASSERT(p.buf_ != nullptr);
+  std::memset(p.buf_.get(), 0, alloc);
+  const auto* src = static_cast<const block_q4_0*>(w);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* g = p.buf_.get() + (size_t)(r / 16) * gb;
+    const int l = (int)(r % 16);
+    for (int64_t b = 0; b < nb; ++b) {
+      const block_q4_0& blk = src[r * nb + b];
+      for (int k = 0; k < 4; ++k) std::memcpy(g + b * 256 + 64 * k + 4 * l, blk.qs + 4 * k, 4);
+      std::memcpy(g + (size_t)nb * 256 + b * 32 + 2 * l, &blk.d, 2);
+    }
+  }
+  return p;
+}
+
+void PackedMatrix::dequantize_row(int64_t r, float* out) const {
+  SERVAL_ASSERT(r >= 0 && r < rows_);
+  const int64_t nb = cols_ / 32;
+  const uint8_t* g = buf_.get() + (size_t)(r / 16) * group_bytes();
+  const int l = (int)(r % 16);
+  for (int64_t b = 0; b < nb; ++b) {
+    block_q4_0 blk;
+    for (int k = 0; k < 4; ++k) std::memcpy(blk.qs + 4 * k, g + b * 256 + 64 * k + 4 * l, 4);
+    std::memcpy(&blk.d, g + (size_t)nb * 256 + b * 32 + 2 * l, 2);
+    ref::dequantize_row(DType::q4_0, reinterpret_cast<const uint8_t*>(&blk), out + b * 32, 32);
+  }
+}
+
+void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+  const int64_t rows = w.rows(), cols = w.cols();
+  if (rows <= 0 || n <= 0) return;
+  const detail::KernelTable* tab = table();
+  if (tab == nullptr || tab->matmul_q4_0x16 == nullptr) {
+    auto work = [&](int64_t r0, int64_t r1) {
+      thread_local std::vector<float> row;
+      if ((int64_t)row.size() < cols) row.resize((size_t)cols);
+      for (int64_t r = r0; r < r1; ++r) {
+        w.dequantize_row(r, row.data());
+        for (int64_t i = 0; i < n; ++i) y[i * rows + r] = dot_f32(row.data(), x + i * cols, cols);
+      }
+    };
+    if (pool) pool->parallel_for(rows, work, 16);
+    else work(0, rows);
     return;
   }
-  const int64_t per_unit = std::max<int64_t>(1, kUnit * cols * n);
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / per_unit);
-  pool->parallel_for(
-      units,
-      [&](int64_t u0, int64_t u1) { k.fn(task, u0 * kUnit, std::min(rows, u1 * kUnit)); },
-      grain);
+  detail::MatmulTask task;
+  task.w = w.data();
+  task.w_stride = w.group_bytes();
+  task.rows = rows;
+  task.cols = cols;
+  task.x = x;
+  task.n = n;
+  task.y = y;
+  task.act_stride = detail::act_q8_0p_row_bytes(cols);
+  uint8_t* act = act_scratch(task.act_stride * (size_t)n);
+  task.act = act;
+  const bool parallel = pool != nullptr && pool->n_threads() > 1;
+  auto quantize = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) tab->quantize_q8_0p(x + i * cols, cols, 8, act + (size_t)i * task.act_stride);
+  };
+  if (parallel && n * cols >= (1 << 18)) pool->parallel_for(n, quantize);
+  else quantize(0, n);
+  run_rows(tab->matmul_q4_0x16, task, parallel ? pool : nullptr);
 }
 
 void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,

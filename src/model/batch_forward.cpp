@@ -74,7 +74,8 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits) {
                         x_.data() + i * dim, dim);
 
   auto mm = [&](const Matrix& m, const float* in, int64_t rows_n, float* out) {
-    kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool_);
+    if (m.packed) kernels::matmul(*m.packed, in, rows_n, out, pool_);
+    else kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool_);
   };
   auto par = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
     if (pool_) pool_->parallel_for(count, fn);

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <cstdlib>
+
 #include "kernels/ref/quants.h"
 
 namespace serval {
@@ -70,7 +72,24 @@ Expected<std::unique_ptr<Model>> Model::from_file(gguf::GgufFile file) {
   if (!cfg.ok()) return cfg.status();
   m->config_ = *cfg;
   SERVAL_RETURN_IF_ERROR(m->load_weights());
+  const char* pack = std::getenv("SERVAL_PACK_WEIGHTS");
+  if (!(pack && std::string(pack) == "0")) m->pack_weights();
   return m;
+}
+
+void Model::pack_weights() {
+  // The stored copy leaves the resident set once packed (the reference
+  // forward still reads it: it faults back in, from the page cache).
+  auto pack = [this](Matrix& m, bool release) {
+    if (!m.data || !kernels::PackedMatrix::packable(m.type)) return;
+    m.packed =
+        std::make_shared<const kernels::PackedMatrix>(kernels::PackedMatrix::pack(m.type, m.data, m.rows, m.cols));
+    if (release) file_.release(m.data, row_size(m.type, m.cols) * (size_t)m.rows);
+  };
+  ModelWeights& w = weights_;
+  pack(w.output, !w.tied_output);  // token_embd is read by row (embedding lookup): stays as stored
+  for (LayerWeights& l : w.layers)
+    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) pack(*m, true);
 }
 
 Status Model::load_weights() {

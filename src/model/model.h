@@ -12,17 +12,22 @@
 
 #include "common/status.h"
 #include "gguf/gguf_reader.h"
+#include "kernels/matmul.h"
 #include "model/model_config.h"
 
 namespace serval {
 
 // A 2-D weight matrix as GGUF stores it: `rows` rows of `cols` elements of
 // `type`, row-major, each row row_size(type, cols) bytes. Points into the mapping.
+// `packed`, when set, is the same matrix repacked for the SIMD kernels
+// (kernels::PackedMatrix); the batched forward multiplies with it, the
+// reference forward always reads `data`.
 struct Matrix {
   DType type = DType::f32;
   int64_t rows = 0;  // output features (ggml ne[1])
   int64_t cols = 0;  // input features (ggml ne[0])
   const uint8_t* data = nullptr;
+  std::shared_ptr<const kernels::PackedMatrix> packed;
 };
 
 struct LayerWeights {
@@ -44,7 +49,9 @@ struct ModelWeights {
 class Model {
  public:
   // Maps, validates config and every tensor's shape and type. Errors name the
-  // tensor and the expected vs actual shape.
+  // tensor and the expected vs actual shape. Matrices of a packable type
+  // (kernels::PackedMatrix::packable) are repacked unless the environment sets
+  // SERVAL_PACK_WEIGHTS=0 (for A/B benchmarks).
   static Expected<std::unique_ptr<Model>> load(const std::string& path);
   static Expected<std::unique_ptr<Model>> from_file(gguf::GgufFile file);
 
@@ -55,6 +62,7 @@ class Model {
  private:
   Model(gguf::GgufFile f) : file_(std::move(f)) {}
   Status load_weights();
+  void pack_weights();
 
   gguf::GgufFile file_;
   ModelConfig config_;

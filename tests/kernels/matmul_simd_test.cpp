@@ -19,6 +19,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ref/quants.h"
 #include "tensor/dtype.h"
+#include "tensor/quant_blocks.h"
 
 namespace serval {
 namespace {
@@ -588,6 +589,16 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
           }
         }
       }
+      {
+        std::vector<uint8_t> want(kernels::detail::act_q8_0p_row_bytes(cols)), got(want.size());
+        kernels::detail::quantize_act_q8_0p(xi, cols, 8, want.data());
+        for (const Level& l : lv) {
+          if (!isa_supported(l.isa, cpu_features()) || !l.table) continue;
+          std::fill(got.begin(), got.end(), 0xAB);
+          l.table->quantize_q8_0p(xi, cols, 8, got.data());
+          EXPECT_EQ(got, want) << isa_name(l.isa) << " q8_0p cols " << cols << " row " << i;
+        }
+      }
       std::vector<uint8_t> want(kernels::detail::act_q8_k_row_bytes(cols)), got(want.size());
       kernels::detail::quantize_act_q8_k(xi, cols, want.data());
       for (const Level& l : lv) {
@@ -597,6 +608,107 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
         EXPECT_EQ(got, want) << isa_name(l.isa) << " q8_k cols " << cols << " row " << i;
       }
     }
+  }
+}
+
+// ---- packed Q4_0 (kernels::PackedMatrix) ----------------------------------------
+
+// The documented numerics of matmul(PackedMatrix) at the SIMD levels, written
+// plainly: scalar Q8_0P activations, exact integer block dots, one fmaf per
+// block in block order.
+std::vector<float> packed_model(const Weights& w, const std::vector<float>& x, int64_t n) {
+  const int64_t nb = w.cols / 32;
+  std::vector<float> y((size_t)(n * w.rows));
+  std::vector<uint8_t> act(kernels::detail::act_q8_0p_row_bytes(w.cols));
+  for (int64_t i = 0; i < n; ++i) {
+    kernels::detail::quantize_act_q8_0p(x.data() + i * w.cols, w.cols, 8, act.data());
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const auto* blk = reinterpret_cast<const block_q4_0*>(w.data.data() + (size_t)r * w.stride);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const auto* qa = reinterpret_cast<const int8_t*>(act.data() + b * kernels::detail::kActQ8_0PBlockBytes);
+        float dx;
+        std::memcpy(&dx, act.data() + b * kernels::detail::kActQ8_0PBlockBytes + 36, 4);
+        int32_t t = 0;
+        for (int j = 0; j < 16; ++j)
+          t += ((blk[b].qs[j] & 15) - 8) * qa[j] + ((blk[b].qs[j] >> 4) - 8) * qa[j + 16];
+        acc = std::fmaf((float)t, fp16_to_fp32(blk[b].d) * dx, acc);
+      }
+      y[(size_t)(i * w.rows + r)] = acc;
+    }
+  }
+  return y;
+}
+
+std::vector<float> run_packed(const kernels::PackedMatrix& p, const std::vector<float>& x, int64_t n,
+                              ThreadPool* pool = nullptr) {
+  std::vector<float> y((size_t)(n * p.rows()), -1.0f);
+  kernels::matmul(p, x.data(), n, y.data(), pool);
+  return y;
+}
+
+TEST(PackedMatrix, RowsRoundTrip) {
+  const Weights w = random_weights(DType::q4_0, 37, 96, 5);
+  const auto p = kernels::PackedMatrix::pack(DType::q4_0, w.data.data(), w.rows, w.cols);
+  EXPECT_EQ(p.bytes(), (size_t)3 * 16 * 3 * 18);  // 3 groups of 16 rows, 3 blocks of 18 bytes
+  std::vector<float> row((size_t)w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    p.dequantize_row(r, row.data());
+    EXPECT_EQ(std::memcmp(row.data(), w.deq.data() + r * w.cols, (size_t)w.cols * 4), 0) << "row " << r;
+  }
+  EXPECT_TRUE(kernels::PackedMatrix::packable(DType::q4_0));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q8_0));
+}
+
+TEST_F(KernelLevels, PackedQ4_0MatchesItsModelBitForBit) {
+  ThreadPool pool2(2), pool3(3);
+  for (int64_t rows : {45, 64, 300}) {
+    for (int64_t cols : {96, 512}) {
+      const Weights w = random_weights(DType::q4_0, rows, cols, (uint64_t)(rows * cols));
+      const auto p = kernels::PackedMatrix::pack(DType::q4_0, w.data.data(), rows, cols);
+      const auto x = activations(19, cols, 7);  // 19 = two tiles of 8, then 2 and 1
+      const auto model = packed_model(w, x, 19);
+      for (Isa isa : levels()) {
+        ASSERT_EQ(kernels::set_isa(isa), isa);
+        if (isa == Isa::ref) {
+          // The reference path: F32 dots of the dequantized rows, as for the stored rows.
+          EXPECT_EQ(run_packed(p, x, 19), run(w, x, 19)) << "rows " << rows << " cols " << cols;
+          continue;
+        }
+        const auto y = run_packed(p, x, 19);
+        EXPECT_EQ(std::memcmp(y.data(), model.data(), y.size() * 4), 0)
+            << isa_name(isa) << " rows " << rows << " cols " << cols;
+        EXPECT_EQ(run_packed(p, x, 19, &pool2), y) << isa_name(isa);
+        EXPECT_EQ(run_packed(p, x, 19, &pool3), y) << isa_name(isa);
+        // Batch invariance: each row alone, and among others.
+        const auto others = activations(4, cols, 99);
+        for (int64_t i : {0, 8, 17, 18}) {
+          const float* xi = x.data() + i * cols;
+          std::vector<float> x1(xi, xi + cols);
+          const auto y1 = run_packed(p, x1, 1, &pool2);
+          EXPECT_EQ(std::memcmp(y1.data(), y.data() + i * rows, (size_t)rows * 4), 0)
+              << isa_name(isa) << " n=1 row " << i;
+          std::vector<float> x5(others.begin(), others.begin() + 2 * cols);
+          x5.insert(x5.end(), xi, xi + cols);
+          x5.insert(x5.end(), others.begin() + 2 * cols, others.end());
+          const auto y5 = run_packed(p, x5, 5);
+          EXPECT_EQ(std::memcmp(y5.data() + 2 * rows, y.data() + i * rows, (size_t)rows * 4), 0)
+              << isa_name(isa) << " n=5 row " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(KernelLevels, PackedQ4_0WithinFormatBound) {
+  const Weights w = make_weights(DType::q4_0, 40, 800, 31);
+  const auto p = kernels::PackedMatrix::pack(DType::q4_0, w.data.data(), w.rows, w.cols);
+  const auto x = activations(6, w.cols, 12);
+  for (Isa isa : levels()) {
+    ASSERT_EQ(kernels::set_isa(isa), isa);
+    double worst = 0;
+    check_against_ref(w, x, 6, run_packed(p, x, 6), isa, &worst);
+    if (HasFatalFailure()) return;
   }
 }
 

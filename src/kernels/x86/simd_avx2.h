@@ -21,6 +21,7 @@ struct Avx2 {
   static constexpr int kKR = 1, kKC = 2;
   static constexpr int kFR = 1, kFC = 4;
   static constexpr int kGemvR = 2, kGemvRF = 4;
+  static constexpr int kQ4x16C = 2;
 
   // First m (0..8) i32 lanes set.
   static SERVAL_SIMD_INLINE __m256i lane_mask(int m) {
@@ -126,6 +127,12 @@ struct Avx2 {
   static SERVAL_SIMD_INLINE I iload(const void* p) {
     const __m256i* q = (const __m256i*)p;
     return {_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1)};
+  }
+  static SERVAL_SIMD_INLINE I ibcast4(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    const __m256i y = _mm256_set1_epi32(v);
+    return {y, y};
   }
   static SERVAL_SIMD_INLINE I iadd(I a, I b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
   static SERVAL_SIMD_INLINE I from_i32x4(__m128i v) { return {_mm256_zextsi128_si256(v), _mm256_setzero_si256()}; }

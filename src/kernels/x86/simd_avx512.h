@@ -20,6 +20,9 @@
 #define SERVAL_T_FR 4
 #define SERVAL_T_FC 4
 #endif
+#ifndef SERVAL_T_Q4X16C
+#define SERVAL_T_Q4X16C 8
+#endif
 
 template <bool kVnniT>
 struct Avx512 {
@@ -33,6 +36,7 @@ struct Avx512 {
   static constexpr int kKR = SERVAL_T_KR, kKC = SERVAL_T_KC;
   static constexpr int kFR = SERVAL_T_FR, kFC = SERVAL_T_FC;
   static constexpr int kGemvR = 4, kGemvRF = 8;
+  static constexpr int kQ4x16C = SERVAL_T_Q4X16C;  // activation rows per packed-Q4_0 tile
 
   // ---- float --------------------------------------------------------------
   static SERVAL_SIMD_INLINE F fzero() { return _mm512_setzero_ps(); }
@@ -125,6 +129,12 @@ struct Avx512 {
   static SERVAL_SIMD_INLINE I izero() { return _mm512_setzero_si512(); }
   static SERVAL_SIMD_INLINE I iload(const void* p) { return _mm512_loadu_si512(p); }
   static SERVAL_SIMD_INLINE I iadd(I a, I b) { return _mm512_add_epi32(a, b); }
+  // The 4 bytes at p in every i32 lane.
+  static SERVAL_SIMD_INLINE I ibcast4(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
   // i32 lanes 0..3 = v, the rest 0.
   static SERVAL_SIMD_INLINE I from_i32x4(__m128i v) { return _mm512_zextsi128_si512(v); }
   // i32 lanes 0..7 = v, the rest 0.
