@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "bench_http.h"
+#include "bench_model.h"
 #include "cli_util.h"
 #include "load_model.h"
 #include "commands.h"
@@ -174,7 +175,15 @@ int cmd_bench(int argc, char** argv) {
     argv[1] = name.data();
     return cmd_bench_http(argc - 1, argv + 1);
   }
-  CLI::App app("Benchmarks (also: serval bench http --url URL ... — load an OpenAI-compatible server)", cmd);
+  if (argc >= 2 && std::string_view(argv[1]) == "model") {
+    std::string name = "serval bench model";
+    argv[1] = name.data();
+    return cmd_bench_model(argc - 1, argv + 1);
+  }
+  CLI::App app(
+      "Benchmarks (also: serval bench http --url URL ... — load an OpenAI-compatible server; serval bench model "
+      "-m MODEL ... — llama-bench's pp/tg tests)",
+      cmd);
   app.require_subcommand(1);
   auto* tp = app.add_subcommand("throughput", "drive the engine directly with concurrent requests");
   std::string model_path, format = "text", kv_mem = "1G", conc_list = "1";

@@ -16,7 +16,7 @@ void usage(FILE* f) {
                "  run        generate text from a prompt (streams to stdout)\n"
                "  tokenize   print the token ids (and pieces) of a text\n"
                "  gguf       inspect (info) or synthesize (synth) GGUF files\n"
-               "  bench      benchmarks (throughput: the engine under concurrent load)\n"
+               "  bench      benchmarks (throughput: the engine under load; model: pp/tg like llama-bench; http)\n"
                "\n"
                "Run 'serval <command> --help' for the options of a command.\n");
 }

@@ -142,3 +142,30 @@ TEST(Cli, TokenizeIds) {
   Result b = run("tokenize -m " + kStories + " --ids --bos 'Once upon a time'");
   EXPECT_EQ(b.out, "[1, 403, 407, 261, 378]\n");
 }
+
+TEST(Cli, BenchModelJsonHasLlamaBenchFields) {
+  Result r = run("bench model -m " + kStories + " -p 24 -n 6 -r 3 -t 1 -b 16 -o json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["n_prompt"], 24);
+  EXPECT_EQ(j[0]["n_gen"], 0);
+  EXPECT_EQ(j[1]["n_prompt"], 0);
+  EXPECT_EQ(j[1]["n_gen"], 6);
+  for (const auto& t : j) {
+    ASSERT_EQ(t["samples_ts"].size(), 3u);
+    double sum = 0;
+    for (double v : t["samples_ts"]) {
+      EXPECT_GT(v, 0.0);
+      sum += v;
+    }
+    EXPECT_NEAR((double)t["avg_ts"], sum / 3, 1e-6 * sum);
+    EXPECT_GE((double)t["stddev_ts"], 0.0);
+    EXPECT_EQ(t["n_threads"], 1);
+  }
+  Result md = run("bench model -m " + kStories + " -p 8 -n 0 -r 1 -t 1");
+  ASSERT_EQ(md.status, 0) << md.err;
+  EXPECT_NE(md.out.find("| pp8 |"), std::string::npos) << md.out;
+  expect_usage_error("bench model -m " + kStories + " -p 0 -n 0", "nothing to run");
+}
