@@ -7,8 +7,10 @@
 // that successive iterations read DRAM rather than cache, as a real model does.
 // Threads: SERVAL_BENCH_THREADS (default: ThreadPool::default_threads()).
 //
-//   serval_kernel_bench --benchmark_filter='matmul/q4_0' --benchmark_repetitions=5 \
+//   serval_kernel_bench --benchmark_filter='matmul/q4_0' --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
+// (one command line). matmul/<type>x16/... rows multiply with
+// kernels::PackedMatrix copies, as the model does for packable types.
 // (the "_min" rows: the least disturbed run; the time-based counters of the
 // "_median"/"_min" rows are per-run rates as well.)
 #include <benchmark/benchmark.h>

@@ -21,6 +21,7 @@ enum class ActKind {
   f32,    // the kernel reads X as given
   q8_32,  // X prepared by quantize_act_q8_32 (act_quant.h)
   q8_k,   // X prepared by quantize_act_q8_k
+  q8_0p,  // X prepared by quantize_act_q8_0p (packed weights)
 };
 
 // One matmul call, as the row kernels see it.
@@ -45,17 +46,18 @@ struct MatmulKernel {
   int act_offset = 0;  // the offset to pass to quantize_act_q8_32
 };
 
-// PackedMatrix's Q4_0x16 layout: rows in groups of 16 (rows past the end of
-// the last group are zero), nb = cols / 32 blocks of 32 columns; row group g
-// takes nb * kQ4_0x16BlockBytes bytes from g * nb * kQ4_0x16BlockBytes:
-//   uint8_t  qs[nb][4][64]  qs[b][k][4 * l + j] = byte 4k + j of the qs of
-//                           row l's block b
-//   uint16_t d[nb][16]      F16 scale of row l's block b at d[b][l]
-// so that (qs[b][k] & 15) holds elements 4k..4k+3 of every row and
-// (qs[b][k] >> 4) elements 16 + 4k..16 + 4k + 3; 64-byte loads stay aligned.
-// MatmulTask::w_stride is the bytes of a group.
-constexpr int64_t kQ4_0x16Rows = 16;
-constexpr size_t kQ4_0x16BlockBytes = 288;
+// PackedMatrix's X16 layouts (Q4_0x16, Q8_0x16): rows in groups of 16 (rows
+// past the end of the last group are zero), nb = cols / 32 blocks of 32
+// columns; each row group takes nb * (Q + 32) bytes, Q = 256 (Q4_0) or 512
+// (Q8_0), from g * nb * (Q + 32):
+//   uint8_t  qs[nb][Q / 64][64]  Q4_0: qs[b][k][4 * l + j] = byte 4k + j of
+//                                the qs of row l's block b, so (qs[b][k] & 15)
+//                                holds elements 4k..4k+3 of every row and
+//                                (qs[b][k] >> 4) elements 16 + 4k..16 + 4k + 3;
+//                                Q8_0: qs[b][k][4 * l + j] = element 4k + j
+//   uint16_t d[nb][16]           F16 scale of row l's block b at d[b][l]
+// 64-byte loads stay aligned. MatmulTask::w_stride is the bytes of a group.
+constexpr int64_t kX16Rows = 16;
 
 // As kernels::attention, with `scores` holding n_heads / n_kv_heads * n_ctx floats.
 using AttentionFn = void (*)(const float* q, const float* const* k_blocks, const float* const* v_blocks,
@@ -69,9 +71,9 @@ struct KernelTable {
   // SIMD versions of act_quant.h's quantizers (the same output).
   void (*quantize_q8_32)(const float* x, int64_t cols, int offset, uint8_t* dst) = nullptr;
   void (*quantize_q8_k)(const float* x, int64_t cols, uint8_t* dst) = nullptr;
-  // Packed Q4_0 (the Q4_0x16 layout) over Q8_0P activations (offset 8); rows
-  // [r0, r1) with r0 a multiple of 16.
-  MatmulRowsFn matmul_q4_0x16 = nullptr;
+  // Kernels over PackedMatrix's X16 layouts (rows [r0, r1), r0 a multiple of
+  // 16); fn nullptr where t has no packed layout.
+  MatmulKernel (*packed_kernel)(DType t) = nullptr;
   void (*quantize_q8_0p)(const float* x, int64_t cols, int offset, uint8_t* dst) = nullptr;
 };
 

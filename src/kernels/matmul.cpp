@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -200,38 +201,50 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
   run_rows(k.fn, task, parallel ? pool : nullptr);
 }
 
-size_t PackedMatrix::group_bytes() const {
-  return (size_t)(cols_ / 32) * detail::kQ4_0x16BlockBytes;
+namespace {
+// Bytes of a block's quants for 16 rows in the X16 layouts (kernel_table.h).
+size_t x16_qs_bytes(DType t) { return t == DType::q4_0 ? 256 : 512; }
+
+// Row l's block b of an X16 group <-> its stored block (Q4_0 or Q8_0).
+void x16_put(DType t, uint8_t* group, int64_t nb, int64_t b, int l, const uint8_t* blk) {
+  const size_t qb = x16_qs_bytes(t);
+  const int nk = (int)(qb / 64);
+  for (int k = 0; k < nk; ++k) std::memcpy(group + b * qb + 64 * k + 4 * l, blk + 2 + 4 * k, 4);
+  std::memcpy(group + (size_t)nb * qb + b * 32 + 2 * l, blk, 2);
 }
+void x16_get(DType t, const uint8_t* group, int64_t nb, int64_t b, int l, uint8_t* blk) {
+  const size_t qb = x16_qs_bytes(t);
+  const int nk = (int)(qb / 64);
+  for (int k = 0; k < nk; ++k) std::memcpy(blk + 2 + 4 * k, group + b * qb + 64 * k + 4 * l, 4);
+  std::memcpy(blk, group + (size_t)nb * qb + b * 32 + 2 * l, 2);
+}
+}  // namespace
+
+size_t PackedMatrix::group_bytes() const { return (size_t)(cols_ / 32) * (x16_qs_bytes(type_) + 32); }
 
 void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
 
-bool PackedMatrix::packable(DType t) { return t == DType::q4_0; }
+bool PackedMatrix::packable(DType t) { return t == DType::q4_0 || t == DType::q8_0; }
 
 PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t cols) {
+  static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q8_0) == 34 && offsetof(block_q8_0, qs) == 2);
   SERVAL_ASSERT(packable(t) && rows >= 0 && cols >= 0 && cols % 32 == 0);
   PackedMatrix p;
   p.type_ = t;
   p.rows_ = rows;
   p.cols_ = cols;
-  const int64_t groups = (rows + detail::kQ4_0x16Rows - 1) / detail::kQ4_0x16Rows;
+  const int64_t groups = (rows + detail::kX16Rows - 1) / detail::kX16Rows;
   const int64_t nb = cols / 32;
-  const size_t gb = p.group_bytes();
+  const size_t gb = p.group_bytes(), blk_bytes = row_size(t, 32);
   p.bytes_ = (size_t)groups * gb;
   const size_t alloc = (p.bytes_ + 63) / 64 * 64;
   p.buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc ? alloc : 64)));
   SERVAL_ASSERT(p.buf_ != nullptr);
   std::memset(p.buf_.get(), 0, alloc);
-  const auto* src = static_cast<const block_q4_0*>(w);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* g = p.buf_.get() + (size_t)(r / 16) * gb;
-    const int l = (int)(r % 16);
-    for (int64_t b = 0; b < nb; ++b) {
-      const block_q4_0& blk = src[r * nb + b];
-      for (int k = 0; k < 4; ++k) std::memcpy(g + b * 256 + 64 * k + 4 * l, blk.qs + 4 * k, 4);
-      std::memcpy(g + (size_t)nb * 256 + b * 32 + 2 * l, &blk.d, 2);
-    }
-  }
+  const auto* src = static_cast<const uint8_t*>(w);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b)
+      x16_put(t, p.buf_.get() + (size_t)(r / 16) * gb, nb, b, (int)(r % 16), src + (size_t)(r * nb + b) * blk_bytes);
   return p;
 }
 
@@ -239,12 +252,10 @@ void PackedMatrix::dequantize_row(int64_t r, float* out) const {
   SERVAL_ASSERT(r >= 0 && r < rows_);
   const int64_t nb = cols_ / 32;
   const uint8_t* g = buf_.get() + (size_t)(r / 16) * group_bytes();
-  const int l = (int)(r % 16);
+  uint8_t blk[34];
   for (int64_t b = 0; b < nb; ++b) {
-    block_q4_0 blk;
-    for (int k = 0; k < 4; ++k) std::memcpy(blk.qs + 4 * k, g + b * 256 + 64 * k + 4 * l, 4);
-    std::memcpy(&blk.d, g + (size_t)nb * 256 + b * 32 + 2 * l, 2);
-    ref::dequantize_row(DType::q4_0, reinterpret_cast<const uint8_t*>(&blk), out + b * 32, 32);
+    x16_get(type_, g, nb, b, (int)(r % 16), blk);
+    ref::dequantize_row(type_, blk, out + b * 32, 32);
   }
 }
 
@@ -252,7 +263,8 @@ void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPo
   const int64_t rows = w.rows(), cols = w.cols();
   if (rows <= 0 || n <= 0) return;
   const detail::KernelTable* tab = table();
-  if (tab == nullptr || tab->matmul_q4_0x16 == nullptr) {
+  const detail::MatmulKernel k = tab ? tab->packed_kernel(w.type()) : detail::MatmulKernel{};
+  if (k.fn == nullptr) {
     auto work = [&](int64_t r0, int64_t r1) {
       thread_local std::vector<float> row;
       if ((int64_t)row.size() < cols) row.resize((size_t)cols);
@@ -278,11 +290,12 @@ void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPo
   task.act = act;
   const bool parallel = pool != nullptr && pool->n_threads() > 1;
   auto quantize = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) tab->quantize_q8_0p(x + i * cols, cols, 8, act + (size_t)i * task.act_stride);
+    for (int64_t i = i0; i < i1; ++i)
+      tab->quantize_q8_0p(x + i * cols, cols, k.act_offset, act + (size_t)i * task.act_stride);
   };
   if (parallel && n * cols >= (1 << 18)) pool->parallel_for(n, quantize);
   else quantize(0, n);
-  run_rows(tab->matmul_q4_0x16, task, parallel ? pool : nullptr);
+  run_rows(k.fn, task, parallel ? pool : nullptr);
 }
 
 void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,

@@ -43,9 +43,9 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
             ThreadPool* pool);
 
 // A weight matrix repacked once (at model load) into a layout the SIMD kernels
-// read faster. Today: Q4_0 with 16 rows interleaved (kernel_table.h's
-// Q4_0x16), so that each integer dot instruction serves 16 weight rows and a
-// block's integer sum is finished before any float step: about 2.5x fewer
+// read faster. Today: Q4_0 and Q8_0 with 16 rows interleaved (kernel_table.h's
+// X16 layouts), so that each integer dot instruction serves 16 weight rows and
+// a block's integer sum is finished before any float step: about 2.5x fewer
 // instructions per multiply-add than over the stored rows, same bytes.
 //
 // Numerics of matmul(PackedMatrix) at the SIMD levels: activations quantized

@@ -611,7 +611,29 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
   }
 }
 
-// ---- packed Q4_0 (kernels::PackedMatrix) ----------------------------------------
+// ---- packed Q4_0 / Q8_0 (kernels::PackedMatrix) ------------------------------------
+
+const DType kPackedTypes[] = {DType::q4_0, DType::q8_0};
+
+// The integer weight values of 32-block b of row r (Q4_0: nibble - 8; Q8_0: qs).
+void block_ints(const Weights& w, int64_t r, int64_t b, int32_t out[32]) {
+  const uint8_t* row = w.data.data() + (size_t)r * w.stride;
+  if (w.t == DType::q4_0) {
+    const auto& blk = reinterpret_cast<const block_q4_0*>(row)[b];
+    for (int j = 0; j < 16; ++j) {
+      out[j] = (blk.qs[j] & 15) - 8;
+      out[j + 16] = (blk.qs[j] >> 4) - 8;
+    }
+  } else {
+    const auto& blk = reinterpret_cast<const block_q8_0*>(row)[b];
+    for (int j = 0; j < 32; ++j) out[j] = blk.qs[j];
+  }
+}
+uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
+  uint16_t d;  // d is the first field of both block types
+  std::memcpy(&d, w.data.data() + (size_t)r * w.stride + (size_t)b * row_size(w.t, 32), 2);
+  return d;
+}
 
 // The documented numerics of matmul(PackedMatrix) at the SIMD levels, written
 // plainly: scalar Q8_0P activations, exact integer block dots, one fmaf per
@@ -621,18 +643,18 @@ std::vector<float> packed_model(const Weights& w, const std::vector<float>& x, i
   std::vector<float> y((size_t)(n * w.rows));
   std::vector<uint8_t> act(kernels::detail::act_q8_0p_row_bytes(w.cols));
   for (int64_t i = 0; i < n; ++i) {
-    kernels::detail::quantize_act_q8_0p(x.data() + i * w.cols, w.cols, 8, act.data());
+    kernels::detail::quantize_act_q8_0p(x.data() + i * w.cols, w.cols, 0, act.data());
     for (int64_t r = 0; r < w.rows; ++r) {
-      const auto* blk = reinterpret_cast<const block_q4_0*>(w.data.data() + (size_t)r * w.stride);
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const auto* qa = reinterpret_cast<const int8_t*>(act.data() + b * kernels::detail::kActQ8_0PBlockBytes);
+        const uint8_t* unit = act.data() + b * kernels::detail::kActQ8_0PBlockBytes;
+        const auto* qa = reinterpret_cast<const int8_t*>(unit);
         float dx;
-        std::memcpy(&dx, act.data() + b * kernels::detail::kActQ8_0PBlockBytes + 36, 4);
-        int32_t t = 0;
-        for (int j = 0; j < 16; ++j)
-          t += ((blk[b].qs[j] & 15) - 8) * qa[j] + ((blk[b].qs[j] >> 4) - 8) * qa[j + 16];
-        acc = std::fmaf((float)t, fp16_to_fp32(blk[b].d) * dx, acc);
+        std::memcpy(&dx, unit + 36, 4);
+        int32_t q[32], t = 0;
+        block_ints(w, r, b, q);
+        for (int j = 0; j < 32; ++j) t += q[j] * qa[j];
+        acc = std::fmaf((float)t, fp16_to_fp32(block_d(w, r, b)) * dx, acc);
       }
       y[(size_t)(i * w.rows + r)] = acc;
     }
@@ -648,24 +670,31 @@ std::vector<float> run_packed(const kernels::PackedMatrix& p, const std::vector<
 }
 
 TEST(PackedMatrix, RowsRoundTrip) {
-  const Weights w = random_weights(DType::q4_0, 37, 96, 5);
-  const auto p = kernels::PackedMatrix::pack(DType::q4_0, w.data.data(), w.rows, w.cols);
-  EXPECT_EQ(p.bytes(), (size_t)3 * 16 * 3 * 18);  // 3 groups of 16 rows, 3 blocks of 18 bytes
-  std::vector<float> row((size_t)w.cols);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    p.dequantize_row(r, row.data());
-    EXPECT_EQ(std::memcmp(row.data(), w.deq.data() + r * w.cols, (size_t)w.cols * 4), 0) << "row " << r;
+  for (DType t : kPackedTypes) {
+    const Weights w = random_weights(t, 37, 96, 5);
+    ASSERT_TRUE(kernels::PackedMatrix::packable(t));
+    const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
+    // 3 groups of 16 rows (the last one padded), 3 blocks.
+    EXPECT_EQ(p.bytes(), (size_t)3 * 16 * 3 * row_size(t, 32)) << dtype_name(t);
+    std::vector<float> row((size_t)w.cols);
+    for (int64_t r = 0; r < w.rows; ++r) {
+      p.dequantize_row(r, row.data());
+      EXPECT_EQ(std::memcmp(row.data(), w.deq.data() + r * w.cols, (size_t)w.cols * 4), 0)
+          << dtype_name(t) << " row " << r;
+    }
   }
-  EXPECT_TRUE(kernels::PackedMatrix::packable(DType::q4_0));
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q8_0));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q4_k));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::f16));
 }
 
-TEST_F(KernelLevels, PackedQ4_0MatchesItsModelBitForBit) {
+TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
   ThreadPool pool2(2), pool3(3);
+  for (DType ty : kPackedTypes)
   for (int64_t rows : {45, 64, 300}) {
     for (int64_t cols : {96, 512}) {
-      const Weights w = random_weights(DType::q4_0, rows, cols, (uint64_t)(rows * cols));
-      const auto p = kernels::PackedMatrix::pack(DType::q4_0, w.data.data(), rows, cols);
+      SCOPED_TRACE(dtype_name(ty));
+      const Weights w = random_weights(ty, rows, cols, (uint64_t)(rows * cols));
+      const auto p = kernels::PackedMatrix::pack(ty, w.data.data(), rows, cols);
       const auto x = activations(19, cols, 7);  // 19 = two tiles of 8, then 2 and 1
       const auto model = packed_model(w, x, 19);
       for (Isa isa : levels()) {
@@ -700,15 +729,17 @@ TEST_F(KernelLevels, PackedQ4_0MatchesItsModelBitForBit) {
   }
 }
 
-TEST_F(KernelLevels, PackedQ4_0WithinFormatBound) {
-  const Weights w = make_weights(DType::q4_0, 40, 800, 31);
-  const auto p = kernels::PackedMatrix::pack(DType::q4_0, w.data.data(), w.rows, w.cols);
-  const auto x = activations(6, w.cols, 12);
-  for (Isa isa : levels()) {
-    ASSERT_EQ(kernels::set_isa(isa), isa);
-    double worst = 0;
-    check_against_ref(w, x, 6, run_packed(p, x, 6), isa, &worst);
-    if (HasFatalFailure()) return;
+TEST_F(KernelLevels, PackedWithinFormatBound) {
+  for (DType t : kPackedTypes) {
+    const Weights w = make_weights(t, 40, 800, 31);
+    const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
+    const auto x = activations(6, w.cols, 12);
+    for (Isa isa : levels()) {
+      ASSERT_EQ(kernels::set_isa(isa), isa);
+      double worst = 0;
+      check_against_ref(w, x, 6, run_packed(p, x, 6), isa, &worst);
+      if (HasFatalFailure()) return;
+    }
   }
 }
 

@@ -38,7 +38,7 @@ namespace serval::kernels::detail {
 namespace {
 constexpr KernelTable kTable{Isa::avx512, matmul_kernel, attention_tmpl<B>, quantize_q8_32_tmpl<B>,
                             quantize_q8_k_tmpl<B>,
-                            rows_q4_0x16<B>, quantize_q8_0p_tmpl<B>};
+                            packed_kernel_tmpl<B>, quantize_q8_0p_tmpl<B>};
 }  // namespace
 const KernelTable* kernel_table_avx512() { return &kTable; }
 }  // namespace serval::kernels::detail

@@ -21,7 +21,7 @@ struct Avx2 {
   static constexpr int kKR = 1, kKC = 2;
   static constexpr int kFR = 1, kFC = 4;
   static constexpr int kGemvR = 2, kGemvRF = 4;
-  static constexpr int kQ4x16C = 2;
+  static constexpr int kX16C = 2;
 
   // First m (0..8) i32 lanes set.
   static SERVAL_SIMD_INLINE __m256i lane_mask(int m) {

@@ -20,8 +20,8 @@
 #define SERVAL_T_FR 4
 #define SERVAL_T_FC 4
 #endif
-#ifndef SERVAL_T_Q4X16C
-#define SERVAL_T_Q4X16C 8
+#ifndef SERVAL_T_X16C
+#define SERVAL_T_X16C 8
 #endif
 
 template <bool kVnniT>
@@ -36,7 +36,7 @@ struct Avx512 {
   static constexpr int kKR = SERVAL_T_KR, kKC = SERVAL_T_KC;
   static constexpr int kFR = SERVAL_T_FR, kFC = SERVAL_T_FC;
   static constexpr int kGemvR = 4, kGemvRF = 8;
-  static constexpr int kQ4x16C = SERVAL_T_Q4X16C;  // activation rows per packed-Q4_0 tile
+  static constexpr int kX16C = SERVAL_T_X16C;  // activation rows per packed (X16) tile
 
   // ---- float --------------------------------------------------------------
   static SERVAL_SIMD_INLINE F fzero() { return _mm512_setzero_ps(); }
