@@ -131,6 +131,9 @@ int cmd_serve(int argc, char** argv) {
   oc.energy.n_threads = threads > 0 ? threads : ThreadPool::default_threads();
   oc.energy.grid_g_per_kwh = grid_intensity;
   oc.energy.use_rapl = energy_source == "rapl";
+  if (oc.energy.use_rapl && !server::EnergyModel(oc.energy).rapl())
+    std::fprintf(stderr, "serval serve: --energy-source rapl: %s is not readable; %s\n", oc.energy.rapl_path.c_str(),
+                 watts_per_core > 0 ? "estimating from --watts-per-core" : "no energy figures (set --watts-per-core)");
 
   auto kvb = parse_kv_memory(kv_memory);
   if (!kvb.ok()) return fail(cmd, kvb.status().message());
