@@ -50,8 +50,9 @@ RequestObservation::RequestObservation(Observability& o, const http::HttpRequest
     parent_ = tc->span_id;
     sampled_ = tc->sampled();
   } else {
+    // New traces for API calls; probes and scrapes only when a caller asks.
     trace_id_ = tracing::random_trace_id();
-    sampled_ = true;
+    sampled_ = path_ != "/metrics" && path_ != "/health" && path_ != "/ready";
   }
   sampled_ = sampled_ && o_.tracing();
 }

@@ -482,6 +482,13 @@ def otlp_spans_with_propagated_trace(ctx):
                 check("parentSpanId" not in s or not s["parentSpanId"], f"a new trace's server span has a parent: {s}")
                 check(s["traceId"] != "11111111111111111111111111111111", "an unsampled traceparent was exported")
             eq(col.of_trace("11111111111111111111111111111111"), [], "spans of the unsampled trace")
+            # Scrapes and probes start no traces of their own.
+            get(srv.port, "/metrics")
+            get(srv.port, "/health")
+            time.sleep(1.5)
+            with col.lock:
+                probes = [s["name"] for s in col.spans if s["name"] in ("GET /metrics", "GET /health")]
+            eq(probes, [], "spans of untraced scrapes and probes")
     finally:
         col.close()
 
