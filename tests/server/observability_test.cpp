@@ -208,3 +208,37 @@ TEST(Cost, CpuEnergyModel) {
 
 }  // namespace
 }  // namespace serval
+
+namespace serval {
+namespace {
+
+// RAPL: package power = counter joules over engine busy seconds; a request's
+// energy = its compute seconds x that power. A fake counter file stands in
+// for /sys/class/powercap.
+TEST(Cost, RaplEnergyModel) {
+  const std::string path = ::testing::TempDir() + "/serval_fake_energy_uj";
+  auto write = [&](const char* uj) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(uj, f);
+    std::fclose(f);
+  };
+  write("1000000\n");  // 1 J at start
+  server::EnergyConfig c;
+  c.use_rapl = true;
+  c.rapl_path = path;
+  c.n_threads = 2;
+  c.watts_per_core = 3;
+  server::EnergyModel m(c);
+  ASSERT_TRUE(m.rapl());
+  write("21000000\n");  // 20 J over 2 busy seconds: 10 W
+  EXPECT_DOUBLE_EQ(m.joules(0.5, 2.0), 5.0);
+  c.rapl_path = path + ".missing";
+  server::EnergyModel fallback(c);
+  EXPECT_FALSE(fallback.rapl());
+  EXPECT_DOUBLE_EQ(fallback.joules(0.5, 2.0), 3.0);  // 0.5 s x 2 cores x 3 W
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace serval
