@@ -6,7 +6,9 @@ Starts one `serval serve` per configuration on loopback and runs
 machine hits every configuration alike), then prints the median and every run
 of requests/s and generated tokens/s, each configuration's ratio of medians to
 the first, and the median of its per-round ratios (runs of one round are back
-to back, so the paired ratio cancels most of the machine's drift).
+to back, so the paired ratio cancels most of the machine's drift). It also
+prints the server's CPU time (user + system, from /proc) per request, which
+other load on the machine disturbs less than throughput.
 
 Configurations:
   base     --base-serval BINARY (a build without the observability code), if given
@@ -62,6 +64,13 @@ class Collector:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
 
+def cpu_seconds(pid):
+    """user + system CPU time of a process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start(binary, model, args, threads, log):
     port = free_port()
     cmd = [binary, "serve", "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
@@ -108,15 +117,18 @@ def main():
         results = {name: [] for name, _, _ in configs}
         for i in range(a.runs):
             for name, _, _ in configs:
-                port = servers[name][1]
+                proc, port = servers[name]
+                cpu0 = cpu_seconds(proc.pid)
                 out = subprocess.run([a.serval, "bench", "http", "--url", f"http://127.0.0.1:{port}", "-o", "json",
                                       "--warmup", "4"] + a.bench_args, capture_output=True, timeout=600)
                 if out.returncode != 0:
                     raise SystemExit(f"bench http failed on {name}: {out.stderr.decode()}")
+                cpu = cpu_seconds(proc.pid) - cpu0  # includes the 4 warm-up requests
                 j = json.loads(out.stdout)
-                results[name].append((j["requests_per_s"], j["gen_tok_s"], j["failed"]))
+                cpu_ms = 1e3 * cpu / (j["completed"] + 4)
+                results[name].append((j["requests_per_s"], j["gen_tok_s"], j["failed"], cpu_ms))
                 print(f"run {i + 1} {name:8s} {j['requests_per_s']:8.1f} req/s {j['gen_tok_s']:9.1f} gen tok/s"
-                      f"  failed {j['failed']}", flush=True)
+                      f"  server CPU {cpu_ms:.3f} ms/request  failed {j['failed']}", flush=True)
         print(f"\nserval bench http {' '.join(a.bench_args)} (server -t {a.threads}), {a.runs} runs each, "
               f"medians; spans received by the collector: {col.spans}")
         first = None
@@ -128,8 +140,11 @@ def main():
             # Paired: each round's runs are back to back, so their ratio cancels most of the machine's drift.
             ref = results[configs[0][0]]
             paired = statistics.median(r[1] / q[1] for r, q in zip(results[name], ref))
+            cpu = statistics.median(r[3] for r in results[name])
+            cpu_paired = statistics.median(r[3] / q[3] for r, q in zip(results[name], ref))
             print(f"  {name:8s} {rps:8.1f} req/s {tps:9.1f} gen tok/s  ratio of medians {tps / first:.3f}  "
-                  f"median paired ratio {paired:.3f}  (runs: {runs})")
+                  f"median paired ratio {paired:.3f} | server CPU {cpu:.3f} ms/request, paired ratio "
+                  f"{cpu_paired:.3f}  (tok/s runs: {runs})")
     finally:
         for p, _ in servers.values():
             p.terminate()
