@@ -143,6 +143,19 @@ void RequestObservation::add_engine_spans(const OutputEvent& ev, bool first_samp
   }
 }
 
+RequestObservation::Progress RequestObservation::progress() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  Progress p;
+  p.request_id = request_id_;
+  p.tenant = tenant_;
+  p.age_s = (double)(steady_now_ns() - start_ns_) * 1e-9;
+  p.first_token = ttft_seen_;
+  p.stream = stream_;
+  p.prompt_tokens = prompt_tokens_;
+  p.completion_tokens = completion_tokens_;
+  return p;
+}
+
 double RequestObservation::energy_joules() const {
   return o_.energy_ && o_.energy_->enabled() ? o_.energy_->joules(compute_s_, o_.engine_busy_s_.load()) : 0.0;
 }

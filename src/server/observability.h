@@ -65,6 +65,15 @@ class RequestObservation {
   // for the tokens and engine time seen so far.
   nlohmann::ordered_json usage_extension() const;
 
+  // For introspection (/v1/engine/state): a consistent copy of the progress so far.
+  struct Progress {
+    std::string request_id, tenant;
+    double age_s = 0;
+    bool first_token = false, stream = false;
+    int64_t prompt_tokens = 0, completion_tokens = 0;  // prompt tokens are known once a sample finished
+  };
+  Progress progress() const;
+
   // Records everything once (the first call wins). status 0: no response was sent.
   void finish(int status, bool client_gone);
 

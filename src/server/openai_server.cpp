@@ -531,9 +531,39 @@ std::string OpenAiServer::metrics_text() const {
 
 void OpenAiServer::handle_engine_state(const std::shared_ptr<http::ResponseChannel>& ch) {
   const EngineStats s = engine_.stats();
+  // The API requests in flight, oldest first (bounded; the count is exact).
+  constexpr size_t kMaxListed = 256;
+  std::vector<std::shared_ptr<Job>> jobs;
+  size_t n_jobs = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    n_jobs = jobs_.size();
+    for (const auto& [id, j] : jobs_) {
+      if (jobs.size() == kMaxListed) break;
+      jobs.push_back(j);
+    }
+  }
+  json list = json::array();
+  for (const auto& j : jobs) {
+    const RequestObservation::Progress p = j->obs->progress();
+    list.push_back({{"id", j->id},
+                    {"request_id", p.request_id},
+                    {"tenant", p.tenant},
+                    {"phase", p.first_token ? "generating" : "queued_or_prefill"},
+                    {"age_s", p.age_s},
+                    {"stream", p.stream},
+                    {"completion_tokens", p.completion_tokens},
+                    {"prompt_tokens", j->prompt_tokens}});
+  }
   const double hit_rate = s.prefix_query_tokens ? (double)s.prefix_hit_tokens / (double)s.prefix_query_tokens : 0.0;
   json j = {{"model", cfg_.model_name},
-            {"requests", {{"running", s.running}, {"waiting", s.waiting}, {"http_in_flight", inflight_requests_.load()}}},
+            {"requests",
+             {{"running", s.running},
+              {"waiting", s.waiting},
+              {"http_in_flight", inflight_requests_.load()},
+              {"in_flight", list},
+              {"in_flight_listed", list.size()},
+              {"in_flight_total", n_jobs}}},
             {"kv_cache",
              {{"blocks_used", s.kv_blocks_used},
               {"blocks_total", s.kv_blocks_total},

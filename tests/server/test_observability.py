@@ -292,11 +292,22 @@ def engine_state_counts_running_requests(ctx):
         if "state" not in seen:
             seen["state"] = get(ctx.port, "/v1/engine/state", headers=auth()).json()
         return True
+    h = dict(auth(1))
+    h["X-Request-Id"] = "state-probe-7"
     res = stream(ctx.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, "stream": True, "ignore_eos": True},
-                 headers=auth(), on_event=on_event)
+                 headers=h, on_event=on_event)
     res.check_well_formed("stream")
     st = seen["state"]
     eq(st["requests"]["http_in_flight"], 1, "in flight during a stream")
+    eq(st["requests"]["in_flight_total"], 1, "in_flight_total during a stream")
+    eq(len(st["requests"]["in_flight"]), 1, "requests listed during a stream")
+    r = st["requests"]["in_flight"][0]
+    eq(r["request_id"], "state-probe-7", "listed request_id")
+    eq(r["tenant"], "key2", "listed tenant")
+    eq(r["id"], res.events[0]["id"], "listed id = the response id")
+    eq(r["phase"], "generating", "phase once the first token went out")
+    eq(r["prompt_tokens"], 5, "listed prompt tokens")
+    check(r["stream"] is True and 1 <= r["completion_tokens"] <= 40 and r["age_s"] > 0, f"listed request: {r}")
     check(st["requests"]["running"] + st["requests"]["waiting"] == 1, f"one sequence in the engine: {st}")
     check(st["kv_cache"]["blocks_used"] >= 1, f"blocks used during a stream: {st}")
 
