@@ -242,3 +242,29 @@ TEST(Cost, RaplEnergyModel) {
 
 }  // namespace
 }  // namespace serval
+
+namespace serval {
+namespace {
+
+// Span names and attributes come from request paths and headers: the OTLP
+// body stays valid JSON (and valid UTF-8) whatever bytes they hold.
+TEST(Tracing, OtlpJsonEscapesAndRepairsStrings) {
+  tracing::Span s;
+  s.name = std::string("GET /a\"b\\c\n\x01\xff\xc3\xa9\xe2\x82", 17);  // quote, backslash, controls, bad and good UTF-8
+  s.trace_id = tracing::random_trace_id();
+  s.span_id = tracing::random_span_id();
+  s.attributes = {{"k\"", std::string("\xed\xa0\x80")}, {"d", 1e-7}, {"i", int64_t{-5}}};  // a UTF-16 surrogate
+  const std::string body = tracing::otlp_json({s}, "svc");
+  const auto j = nlohmann::json::parse(body);  // throws on invalid JSON or UTF-8
+  const auto& sp = j["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+  EXPECT_EQ(sp["name"], "GET /a\"b\\c\n\x01\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(sp["attributes"][0]["key"], "k\"");
+  EXPECT_EQ(sp["attributes"][0]["value"]["stringValue"], "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(sp["attributes"][1]["value"]["doubleValue"], 1e-7);
+  EXPECT_EQ(sp["attributes"][2]["value"]["intValue"], "-5");
+  EXPECT_FALSE(sp.contains("parentSpanId"));
+  EXPECT_EQ(sp["status"]["code"], 1);
+}
+
+}  // namespace
+}  // namespace serval
