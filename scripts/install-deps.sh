@@ -10,6 +10,7 @@ PKGS=(
   python3 python3-jinja2
   libpcre2-dev
   libboost-dev curl nodejs
+  prometheus
 )
 
 missing=()

@@ -1,4 +1,5 @@
 // serval serve -m MODEL [--host H] [--port P] ...: the OpenAI-compatible server.
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -43,6 +44,8 @@ int cmd_serve(int argc, char** argv) {
   double request_timeout = 0, drain_timeout = 30;
   int read_timeout = 30, max_n = 16;
   bool no_prefix_cache = false;
+  std::string otlp_endpoint, log_format = "text", price_table_file, energy_source = "cpu";
+  double slo_ttft_ms = 0, slo_itl_ms = 0, slo_availability = 0, watts_per_core = 0, grid_intensity = 0;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
   app.add_option("--host", host, "address to listen on");
   app.add_option("--port", port, "port (0: any free port)")->check(CLI::Range(0, 65535));
@@ -68,6 +71,22 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-n", max_n, "largest n per request")->check(CLI::Range(1, 128));
   app.add_option("--request-timeout", request_timeout, "per-request deadline in seconds (0: none)")->check(CLI::Range(0.0, 86400.0));
   app.add_option("--drain-timeout", drain_timeout, "seconds to let in-flight requests finish on SIGTERM")->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--otlp-endpoint", otlp_endpoint, "export trace spans as OTLP/HTTP JSON to this URL (http://host:4318)");
+  app.add_option("--log-format", log_format, "text, or json: one structured access-log line per request on stderr")
+      ->check(CLI::IsMember({"text", "json"}));
+  app.add_option("--slo-ttft-p99-ms", slo_ttft_ms, "SLO: 99% of requests get their first token within this (0: off)")
+      ->check(CLI::Range(0.0, 3.6e6));
+  app.add_option("--slo-itl-p99-ms", slo_itl_ms, "SLO: 99% of inter-token gaps are within this (0: off)")
+      ->check(CLI::Range(0.0, 3.6e6));
+  app.add_option("--slo-availability", slo_availability, "SLO: percent of generation requests answered without a 5xx (e.g. 99.9; 0: off)")
+      ->check(CLI::Range(0.0, 99.9999));
+  app.add_option("--price-table", price_table_file, "JSON prices per model: {\"model\": {\"input_per_million\": X, \"output_per_million\": Y}}");
+  app.add_option("--watts-per-core", watts_per_core, "energy estimate: watts per busy compute thread (0: off)")
+      ->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--energy-source", energy_source, "cpu (threads x --watts-per-core) or rapl (measured package power when readable)")
+      ->check(CLI::IsMember({"cpu", "rapl"}));
+  app.add_option("--grid-intensity", grid_intensity, "carbon intensity of the power, g CO2e per kWh (0: off)")
+      ->check(CLI::Range(0.0, 5000.0));
   if (auto rc = parse(app, argc, argv)) return *rc;
 
   if (!api_key_file.empty()) {
@@ -94,6 +113,27 @@ int cmd_serve(int argc, char** argv) {
   scfg.max_inflight_tokens = max_queue_tokens;
   scfg.request_timeout_s = request_timeout;
   scfg.limits.max_n = max_n;
+  server::ObservabilityConfig& oc = scfg.observability;
+  oc.otlp_endpoint = otlp_endpoint;
+  oc.log_json = log_format == "json";
+  oc.slo_ttft_s = slo_ttft_ms / 1000.0;
+  oc.slo_itl_s = slo_itl_ms / 1000.0;
+  oc.slo_availability = std::round(slo_availability * 1e6) / 1e8;  // percent -> ratio, no 0.999000...1
+  if (!price_table_file.empty()) {
+    std::string text;
+    if (!read_file(price_table_file, &text, 1 << 20))
+      return fail(cmd, "cannot read --price-table '" + price_table_file + "' (or larger than 1 MiB)");
+    auto t = server::PriceTable::parse(text);
+    if (!t.ok()) return fail(cmd, "--price-table '" + price_table_file + "': " + t.status().message());
+    oc.prices = std::move(t.value());
+  }
+  oc.energy.watts_per_core = watts_per_core;
+  oc.energy.n_threads = threads > 0 ? threads : ThreadPool::default_threads();
+  oc.energy.grid_g_per_kwh = grid_intensity;
+  oc.energy.use_rapl = energy_source == "rapl";
+  if (oc.energy.use_rapl && !server::EnergyModel(oc.energy).rapl())
+    std::fprintf(stderr, "serval serve: --energy-source rapl: %s is not readable; %s\n", oc.energy.rapl_path.c_str(),
+                 watts_per_core > 0 ? "estimating from --watts-per-core" : "no energy figures (set --watts-per-core)");
 
   auto kvb = parse_kv_memory(kv_memory);
   if (!kvb.ok()) return fail(cmd, kvb.status().message());

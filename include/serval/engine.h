@@ -57,6 +57,23 @@ struct Request {
   uint64_t tenant_salt = 0;     // prefix-cache isolation between tenants
 };
 
+// Where a request's time went inside the engine (steady_clock nanoseconds since
+// its epoch; 0 = did not happen). Filled on each sample's last event only, so
+// the per-token path carries nothing extra.
+struct RequestTiming {
+  struct Chunk {
+    int64_t start_ns = 0, end_ns = 0;  // the engine step that ran it
+    int64_t n_tokens = 0;
+  };
+  int64_t arrival_ns = 0;      // submit()
+  int64_t scheduled_ns = 0;    // start of the first step that ran the request (end of queueing)
+  int64_t first_token_ns = 0;  // end of the step that sampled this sample's first token
+  int64_t finished_ns = 0;     // end of the step that finished this sample
+  std::vector<Chunk> prefill_chunks;  // steps that ran prompt tokens (chunked prefill, recompute); at most 64
+  int64_t detokenize_ns = 0;   // time spent detokenizing and matching stop strings for this sample
+  double compute_s = 0;        // this sample's share of step wall time (by tokens in each step)
+};
+
 struct OutputEvent {
   int32_t index = 0;                    // which sample, [0, n)
   std::vector<TokenId> tokens;          // tokens generated since the previous event of this sample
@@ -64,10 +81,12 @@ struct OutputEvent {
   std::vector<TokenLogprobs> logprobs;  // one per token when params.logprobs > 0
   FinishReason finish = FinishReason::none;  // set on the sample's last event
   Status error;                         // non-ok: the request failed; no more events follow
+  int64_t time_ns = 0;                  // steady_clock ns when the engine produced it (end of its step)
   // Filled on a sample's last event:
   int64_t prompt_tokens = 0;
   int64_t cached_prompt_tokens = 0;     // prompt tokens served from the prefix cache
   int64_t completion_tokens = 0;
+  RequestTiming timing;
 };
 
 // The caller's end of one request. Thread-safe.
@@ -121,6 +140,10 @@ struct EngineStats {
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_peak = 0;
   double kv_waste_ratio = 0;            // unfilled slots / allocated slots, averaged over steps
   size_t running = 0, waiting = 0;
+  int64_t prefix_cached_blocks = 0;     // blocks held by the prefix cache (in use or reusable)
+  // Speculative decoding (0 until a drafter runs): draft rounds, drafted and accepted tokens.
+  int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  double step_seconds = 0;              // wall time spent in engine steps (forward + sampling)
 };
 
 class Engine {

@@ -1,6 +1,7 @@
 #include "serval/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -17,6 +18,16 @@
 #include "tokenizer/tokenizer.h"
 
 namespace serval {
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr size_t kMaxTimedChunks = 64;  // RequestTiming::prefill_chunks bound
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // RequestStream
@@ -112,6 +123,8 @@ struct Engine::Impl {
     int32_t n_generated = 0;
     int64_t cached_prompt_tokens = -1;  // start_pos of the first scheduled chunk: the prefix-cache hit
     bool finished = false;
+    int64_t first_token_ns = 0, detokenize_ns = 0;
+    double compute_s = 0;
   };
 
   struct RequestState {
@@ -122,6 +135,8 @@ struct Engine::Impl {
     int32_t n_open = 0;
     bool children_forked = false;
     int64_t max_total = 0;         // prompt + max new tokens, capped by the context
+    int64_t arrival_ns = 0, scheduled_ns = 0;
+    std::vector<RequestTiming::Chunk> prefill_chunks;
   };
 
   std::shared_ptr<const Model> model;
@@ -163,8 +178,21 @@ struct Engine::Impl {
   void fail_request(RequestState& rs, const Status& st);
   void finish_seq(SeqId id, FinishReason reason);
   void close_request_if_done(RequestState& rs);
-  void after_step(const SchedulerOutput& out, const std::vector<float>& logits);
+  void after_step(const SchedulerOutput& out, const std::vector<float>& logits, int64_t step_start_ns);
+  void record_step_timing(const SchedulerOutput& out, int64_t step_start_ns, int64_t step_end_ns);
   void publish_stats();
+
+  static RequestTiming timing_of(const SeqState& ss, int64_t finished_ns) {
+    RequestTiming t;
+    t.arrival_ns = ss.req->arrival_ns;
+    t.scheduled_ns = ss.req->scheduled_ns;
+    t.first_token_ns = ss.first_token_ns;
+    t.finished_ns = finished_ns;
+    t.prefill_chunks = ss.req->prefill_chunks;
+    t.detokenize_ns = ss.detokenize_ns;
+    t.compute_s = ss.compute_s;
+    return t;
+  }
 };
 
 void Engine::Impl::fail_request(RequestState& rs, const Status& st) {
@@ -254,7 +282,25 @@ void Engine::Impl::close_request_if_done(RequestState& rs) {
   requests.erase(rs.id);
 }
 
-void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<float>& logits) {
+// Queue end, prefill chunks and each sequence's share of the step's wall time
+// (by tokens run). Loop thread only; no locks.
+void Engine::Impl::record_step_timing(const SchedulerOutput& out, int64_t step_start_ns, int64_t step_end_ns) {
+  int64_t total = 0;
+  for (const ScheduledSeq& s : out.seqs) total += s.n_tokens;
+  const double step_s = (double)(step_end_ns - step_start_ns) * 1e-9;
+  for (const ScheduledSeq& s : out.seqs) {
+    auto it = seqs.find(s.seq);
+    if (it == seqs.end()) continue;
+    SeqState& ss = it->second;
+    RequestState& rs = *ss.req;
+    if (rs.scheduled_ns == 0) rs.scheduled_ns = step_start_ns;
+    if (total > 0) ss.compute_s += step_s * (double)s.n_tokens / (double)total;
+    if (s.start_pos < (int64_t)rs.req.prompt.size() && rs.prefill_chunks.size() < kMaxTimedChunks)
+      rs.prefill_chunks.push_back({step_start_ns, step_end_ns, s.n_tokens});
+  }
+}
+
+void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<float>& logits, int64_t step_start_ns) {
   const int64_t n_vocab = model->config().n_vocab;
   std::vector<std::pair<SeqId, TokenId>> sampled;
   std::vector<std::vector<TokenLogprobs>> lps;
@@ -310,6 +356,8 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
     }
   }
   all.insert(all.end(), extra.begin(), extra.end());
+  const int64_t step_end_ns = now_ns();
+  record_step_timing(out, step_start_ns, step_end_ns);
 
   int64_t generated = 0, closed = 0;
   // Events are pushed only after the stats below are updated, so a caller that
@@ -321,14 +369,17 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
     const SamplingParams& p = rs.req.params;
     ++ss.n_generated;
     ++generated;
+    if (ss.first_token_ns == 0) ss.first_token_ns = step_end_ns;
     OutputEvent ev;
     ev.index = ss.index;
+    ev.time_ns = step_end_ns;
     ev.tokens.push_back(t);
     if (p.logprobs > 0) {
       std::span<const float> lg(logits.data() + r * (size_t)n_vocab, (size_t)n_vocab);
       ev.logprobs.push_back(compute_logprobs(lg, t, p.logprobs));
     }
     FinishReason reason = check_token_stop(p, t, ss.n_generated, eog);
+    const int64_t detok_start = now_ns();
     if (reason != FinishReason::stop) {
       if (ss.stop->feed(ss.detok->push(t), ev.text)) reason = FinishReason::stop;
     }
@@ -340,12 +391,16 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
         if (!ss.stop->feed(tail, out_tail)) ss.stop->finish(out_tail);
         ev.text += out_tail;
       }
+      ss.detokenize_ns += now_ns() - detok_start;
+      ev.timing = timing_of(ss, step_end_ns);
       ev.finish = reason;
       ev.prompt_tokens = (int64_t)rs.req.prompt.size();
       ev.completion_tokens = ss.n_generated;
       ev.cached_prompt_tokens = std::max<int64_t>(0, seqs.at(rs.seqs[0]).cached_prompt_tokens);
       finish_seq(sid, reason);
       if (rs.n_open == 0) ++closed;
+    } else {
+      ss.detokenize_ns += now_ns() - detok_start;
     }
     events.emplace_back(rs.stream.get(), std::move(ev));
   }
@@ -362,6 +417,7 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
   {
     std::lock_guard<std::mutex> lk(stats_mu);
     stats.steps++;
+    stats.step_seconds += (double)(step_end_ns - step_start_ns) * 1e-9;
     stats.generated_tokens += generated;
     stats.prefill_tokens_computed += prefill_computed;
     stats.requests_finished += closed;
@@ -385,6 +441,7 @@ void Engine::Impl::publish_stats() {
   stats.kv_blocks_total = kv->n_blocks();
   stats.kv_blocks_used = ks.used_blocks;
   stats.kv_blocks_peak = ks.peak_used_blocks;
+  stats.prefix_cached_blocks = ks.cached_blocks;
   stats.kv_waste_ratio = waste_steps ? waste_sum / (double)waste_steps : 0.0;
   stats.running = sched->n_running();
   stats.waiting = sched->n_waiting();
@@ -412,6 +469,7 @@ void Engine::Impl::loop() {
       inbox_cv.wait_for(lk, std::chrono::milliseconds(5));
       continue;
     }
+    const int64_t step_start_ns = now_ns();
     Status st = runner->execute(out, &logits);
     if (!st.ok()) {
       // A batch that the scheduler built should always run; fail its requests
@@ -425,7 +483,7 @@ void Engine::Impl::loop() {
       }
       continue;
     }
-    after_step(out, logits);
+    after_step(out, logits, step_start_ns);
   }
   // Shutting down: every open request gets an error event.
   for (auto& [id, rs] : requests) {
@@ -526,6 +584,7 @@ Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
   SERVAL_RETURN_IF_ERROR(req.params.validate((int32_t)mc.n_vocab));
   auto rs = std::make_unique<Impl::RequestState>();
   rs->id = impl_->next_request_id++;
+  rs->arrival_ns = now_ns();
   const int64_t max_new = req.params.max_tokens ? *req.params.max_tokens : cfg.max_model_len;
   rs->max_total = std::min<int64_t>(cfg.max_model_len, (int64_t)req.prompt.size() + max_new);
   rs->stream = std::make_shared<RequestStream>(rs->id, req.n);

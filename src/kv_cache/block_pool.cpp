@@ -88,6 +88,7 @@ uint64_t BlockPool::cache(BlockId b, const Hash128& h, std::span<const TokenId> 
   blk.key = key;
   std::copy(tokens.begin(), tokens.end(), block_tokens_.begin() + static_cast<ptrdiff_t>(b) * block_size_);
   by_hash_[h].push_back(b);
+  ++n_cached_;
   return blk.entry;
 }
 
@@ -106,6 +107,7 @@ void BlockPool::drop_entry(BlockId b) {
   if (v.empty()) by_hash_.erase(it);
   blk.entry = 0;
   blk.parent_entry = 0;
+  --n_cached_;
 }
 
 void BlockPool::lru_push_back(BlockId b) {

@@ -49,6 +49,7 @@ class BlockPool {
   int32_t n_evictable() const { return n_evictable_; }
   int32_t n_used() const { return n_blocks() - n_free(); }
   int64_t n_evictions() const { return n_evictions_; }
+  int32_t n_cached() const { return n_cached_; }  // blocks with a prefix-cache entry (in use or evictable)
 
   // A block with ref_count 1: the free list's head, else the LRU head evicted
   // (its entry removed). Requires n_free() > 0.
@@ -108,6 +109,7 @@ class BlockPool {
   BlockId lru_head_ = -1, lru_tail_ = -1;
   int32_t n_evictable_ = 0;
   int64_t n_evictions_ = 0;
+  int32_t n_cached_ = 0;
   uint64_t next_entry_ = 1;
   std::unordered_map<Hash128, std::vector<BlockId>, Hash128Hasher> by_hash_;  // insertion order
 };

@@ -275,6 +275,7 @@ KvCacheManager::Stats KvCacheManager::stats() const {
   Stats st = stats_;
   st.evictions = pool_.n_evictions();
   st.used_blocks = pool_.n_used();
+  st.cached_blocks = pool_.n_cached();
   return st;
 }
 

@@ -115,6 +115,7 @@ class KvCacheManager {
     int64_t evictions = 0;
     int32_t used_blocks = 0;       // device blocks with ref count > 0
     int32_t peak_used_blocks = 0;
+    int32_t cached_blocks = 0;     // blocks with a prefix-cache entry
   };
   Stats stats() const;
 

@@ -59,6 +59,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
   int64_t created = 0;
   ParsedRequest req;
   std::shared_ptr<http::ResponseChannel> ch;
+  std::shared_ptr<RequestObservation> obs;
   std::vector<std::shared_ptr<RequestStream>> streams;
   std::vector<Choice> choices;
   int64_t prompt_tokens = 0, cached_tokens = 0;
@@ -134,10 +135,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     if (req.logprobs && !ev.logprobs.empty()) lp = add_logprobs(c, ev);
     c.text += ev.text;
     c.completion_tokens += (int64_t)ev.tokens.size();
+    obs->on_event(stream_idx, ci, ev);
     if (ev.finish != FinishReason::none) {
       c.finish = finish_reason_name(ev.finish);
       if (ev.index == 0) cached_tokens += ev.cached_prompt_tokens;
-      srv->count_finish(c.finish);
     }
     if (req.stream) {
       json chunk = chunk_base();
@@ -163,10 +164,13 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
   json usage() const {
     int64_t completion = 0;
     for (const auto& c : choices) completion += c.completion_tokens;
-    return {{"prompt_tokens", prompt_tokens},
-            {"completion_tokens", completion},
-            {"total_tokens", prompt_tokens + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+    json u = {{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt_tokens + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+    json ext = obs->usage_extension();  // cost, energy, carbon when configured
+    if (!ext.empty()) u["serval"] = std::move(ext);
+    return u;
   }
 
   // The request leaves the in-flight count before its last bytes are queued,
@@ -258,6 +262,10 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   s->parse_ctx_.n_vocab = info.n_vocab;
   s->parse_ctx_.max_model_len = info.max_model_len;
   s->parse_ctx_.limits = s->cfg_.limits;
+  s->cfg_.observability.model_name = s->cfg_.model_name;
+  auto obs = Observability::create(s->cfg_.observability);
+  if (!obs.ok()) return obs.status();
+  s->obs_ = std::move(obs.value());
   OpenAiServer* raw = s.get();
   s->reaper_ = std::thread([raw] { raw->reaper_loop(); });
   return s;
@@ -268,23 +276,11 @@ OpenAiServer::~OpenAiServer() {
   if (reaper_.joinable()) reaper_.join();
 }
 
-void OpenAiServer::count_status(int status) {
-  std::lock_guard<std::mutex> lk(mu_);
-  ++status_counts_[status];
-}
-
-void OpenAiServer::count_finish(const std::string& reason) {
-  std::lock_guard<std::mutex> lk(mu_);
-  ++finish_counts_[reason];
-}
-
 void OpenAiServer::send_json(const std::shared_ptr<http::ResponseChannel>& ch, int status, const std::string& body) {
-  count_status(status);
   ch->send(status, "application/json", body);
 }
 
 void OpenAiServer::send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra) {
-  count_status(e.status);
   ch->send(e.status, "application/json", e.body(), std::move(extra));
 }
 
@@ -293,14 +289,15 @@ void OpenAiServer::method_not_allowed(const std::shared_ptr<http::ResponseChanne
              {{"Allow", allow}});
 }
 
-bool OpenAiServer::authorized(const http::HttpRequest& req) const {
-  if (cfg_.api_keys.empty()) return true;
+int OpenAiServer::key_index(const http::HttpRequest& req) const {
+  if (cfg_.api_keys.empty()) return 0;
   const std::string h = req.header("authorization");
   const std::string prefix = "Bearer ";
   const std::string given = h.rfind(prefix, 0) == 0 ? h.substr(prefix.size()) : std::string();
-  bool ok = false;
-  for (const auto& k : cfg_.api_keys) ok |= ct_equal(given, k);  // no early exit
-  return ok && !given.empty();
+  int found = -1;
+  for (size_t i = 0; i < cfg_.api_keys.size(); ++i)
+    if (ct_equal(given, cfg_.api_keys[i]) && found < 0) found = (int)i;  // no early exit
+  return given.empty() ? -1 : found;
 }
 
 void OpenAiServer::begin_drain() { draining_ = true; }
@@ -333,22 +330,31 @@ void OpenAiServer::reaper_loop() {
   }
 }
 
-void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseChannel> ch) {
+void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseChannel> raw_ch) {
   const std::string& path = req.path;
+  auto obs = obs_->begin(req);
+  auto ch = obs_->wrap(std::move(raw_ch), obs);
   if (path == "/health") {
     if (req.method != "GET") return method_not_allowed(ch, "GET");
     return send_json(ch, 200, R"({"status":"ok"})");
   }
-  if (!authorized(req))
+  const int key = key_index(req);
+  if (key < 0)
     return send_error(ch, ApiError{401, "missing or invalid API key (Authorization: Bearer ...)",
                                    "invalid_request_error", "", "invalid_api_key"});
+  // Tenants are named by the position of their key (never the key itself).
+  obs->set_tenant(cfg_.api_keys.empty() ? "anonymous" : "key" + std::to_string(key + 1));
   if (path == "/ready") {
     if (draining_) return send_error(ch, ApiError{503, "server is draining", "server_error", "", "draining"});
     return send_json(ch, 200, R"({"status":"ready"})");
   }
   if (path == "/metrics") {
-    count_status(200);
+    if (req.method != "GET") return method_not_allowed(ch, "GET");
     return ch->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_text());
+  }
+  if (path == "/v1/engine/state") {
+    if (req.method != "GET") return method_not_allowed(ch, "GET");
+    return handle_engine_state(ch);
   }
   if (draining_)
     return send_error(ch, ApiError{503, "server is shutting down; no new requests", "server_error", "", "draining"});
@@ -362,7 +368,7 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!post) return method_not_allowed(ch, "POST");
-    return handle_generate(req, std::move(ch), path == "/v1/chat/completions");
+    return handle_generate(req, std::move(ch), path == "/v1/chat/completions", std::move(obs));
   }
   if (path == "/tokenize") {
     if (!post) return method_not_allowed(ch, "POST");
@@ -376,7 +382,8 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
 }
 
 void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::shared_ptr<http::ResponseChannel> ch,
-                                   bool chat) {
+                                   bool chat, std::shared_ptr<RequestObservation> obs) {
+  obs->set_generation(false);
   auto parsed = parse_openai_request(http_req.body, chat, parse_ctx_);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
   ParsedRequest& r = std::get<ParsedRequest>(parsed);
@@ -410,6 +417,8 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
   job->id = random_id(chat ? "chatcmpl" : "cmpl");
   job->created = unix_now();
   job->ch = ch;
+  job->obs = obs;
+  obs->set_generation(r.stream);
   job->reserved_tokens = need;
   job->prompt_tokens = prompt_total;
   job->choices.resize(r.prompts.size() * (size_t)r.n);
@@ -514,38 +523,67 @@ void OpenAiServer::handle_detokenize(const http::HttpRequest& req, const std::sh
 
 std::string OpenAiServer::metrics_text() const {
   const EngineStats s = engine_.stats();
-  const std::string lbl = "model=\"" + cfg_.model_name + "\"";
-  std::ostringstream o;
-  auto metric = [&](const char* name, const char* type, const char* help, double v, const std::string& extra = "") {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
-    o << name << "{" << lbl << extra << "} " << v << "\n";
-  };
-  metric("serval_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)s.prompt_tokens);
-  metric("serval_generation_tokens_total", "counter", "Generated tokens.", (double)s.generated_tokens);
-  metric("serval_prefill_tokens_computed_total", "counter", "Prompt tokens run through the model (after prefix hits).",
-         (double)s.prefill_tokens_computed);
-  metric("serval_engine_steps_total", "counter", "Engine steps (batched forward passes).", (double)s.steps);
-  metric("serval_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.", (double)s.preemptions);
-  metric("serval_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-         (double)s.prefix_query_tokens);
-  metric("serval_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
-         (double)s.prefix_hit_tokens);
-  metric("serval_requests_running", "gauge", "Sequences in the running batch.", (double)s.running);
-  metric("serval_requests_waiting", "gauge", "Sequences waiting to be scheduled.", (double)s.waiting);
-  metric("serval_kv_blocks_used", "gauge", "KV-cache blocks in use.", (double)s.kv_blocks_used);
-  metric("serval_kv_blocks_capacity", "gauge", "KV-cache blocks in the pool.", (double)s.kv_blocks_total);
-  metric("serval_kv_usage_ratio", "gauge", "Used / total KV-cache blocks.",
-         s.kv_blocks_total ? (double)s.kv_blocks_used / s.kv_blocks_total : 0.0);
-  metric("serval_http_requests_in_flight", "gauge", "Generation requests accepted and not finished.",
-         (double)inflight_requests_.load());
-  std::lock_guard<std::mutex> lk(mu_);
-  o << "# HELP serval_http_responses_total HTTP responses by status code.\n# TYPE serval_http_responses_total counter\n";
-  for (const auto& [code, n] : status_counts_)
-    o << "serval_http_responses_total{" << lbl << ",code=\"" << code << "\"} " << n << "\n";
-  o << "# HELP serval_request_finished_total Finished sequences by finish reason.\n# TYPE serval_request_finished_total counter\n";
-  for (const auto& [reason, n] : finish_counts_)
-    o << "serval_request_finished_total{" << lbl << ",finish_reason=\"" << reason << "\"} " << n << "\n";
-  return o.str();
+  obs_->set_engine_busy_s(s.step_seconds);
+  metrics::ExpositionWriter w;
+  obs_->write_metrics(w, s, inflight_requests_.load());
+  return w.take();
+}
+
+void OpenAiServer::handle_engine_state(const std::shared_ptr<http::ResponseChannel>& ch) {
+  const EngineStats s = engine_.stats();
+  // The API requests in flight, oldest first (bounded; the count is exact).
+  constexpr size_t kMaxListed = 256;
+  std::vector<std::shared_ptr<Job>> jobs;
+  size_t n_jobs = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    n_jobs = jobs_.size();
+    for (const auto& [id, j] : jobs_) {
+      if (jobs.size() == kMaxListed) break;
+      jobs.push_back(j);
+    }
+  }
+  json list = json::array();
+  for (const auto& j : jobs) {
+    const RequestObservation::Progress p = j->obs->progress();
+    list.push_back({{"id", j->id},
+                    {"request_id", p.request_id},
+                    {"tenant", p.tenant},
+                    {"phase", p.first_token ? "generating" : "queued_or_prefill"},
+                    {"age_s", p.age_s},
+                    {"stream", p.stream},
+                    {"completion_tokens", p.completion_tokens},
+                    {"prompt_tokens", j->prompt_tokens}});
+  }
+  const double hit_rate = s.prefix_query_tokens ? (double)s.prefix_hit_tokens / (double)s.prefix_query_tokens : 0.0;
+  json j = {{"model", cfg_.model_name},
+            {"requests",
+             {{"running", s.running},
+              {"waiting", s.waiting},
+              {"http_in_flight", inflight_requests_.load()},
+              {"in_flight", list},
+              {"in_flight_listed", list.size()},
+              {"in_flight_total", n_jobs}}},
+            {"kv_cache",
+             {{"blocks_used", s.kv_blocks_used},
+              {"blocks_total", s.kv_blocks_total},
+              {"blocks_peak", s.kv_blocks_peak},
+              {"usage_ratio", s.kv_blocks_total ? (double)s.kv_blocks_used / s.kv_blocks_total : 0.0},
+              {"block_size", engine_.config().block_size}}},
+            {"prefix_cache",
+             {{"enabled", engine_.config().enable_prefix_caching},
+              {"cached_blocks", s.prefix_cached_blocks},
+              {"query_tokens", s.prefix_query_tokens},
+              {"hit_tokens", s.prefix_hit_tokens},
+              {"hit_rate", hit_rate}}},
+            {"totals",
+             {{"steps", s.steps},
+              {"requests_finished", s.requests_finished},
+              {"prompt_tokens", s.prompt_tokens},
+              {"generated_tokens", s.generated_tokens},
+              {"preemptions", s.preemptions}}},
+            {"draining", draining_.load()}};
+  send_json(ch, 200, dump(j));
 }
 
 }  // namespace serval::server

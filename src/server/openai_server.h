@@ -1,6 +1,7 @@
 // The OpenAI-compatible API over the engine: routes, auth, admission control,
 // streaming (SSE) and non-streaming responses, cancellation on disconnect,
-// draining for graceful shutdown, and /metrics.
+// draining for graceful shutdown, /metrics (see observability.h) and
+// /v1/engine/state.
 //
 // Threads: handle() is called on HTTP I/O threads and never blocks; engine
 // events arrive on the engine thread through RequestStream notifications and
@@ -20,6 +21,7 @@
 
 #include "serval/engine.h"
 #include "server/http_server.h"
+#include "server/observability.h"
 #include "server/openai_request.h"
 
 namespace serval::server {
@@ -32,6 +34,7 @@ struct ServerConfig {
   int64_t max_inflight_tokens = 1 << 20;     // sum of (prompt + max new tokens) x n in flight; past it: 429
   double request_timeout_s = 0;              // per-request deadline; 0 = none
   ApiLimits limits;
+  ObservabilityConfig observability;         // model_name is filled in by create()
 };
 
 class OpenAiServer {
@@ -54,15 +57,17 @@ class OpenAiServer {
 
  private:
   OpenAiServer(Engine& engine, ServerConfig cfg) : engine_(engine), cfg_(std::move(cfg)) {}
-  void handle_generate(const http::HttpRequest& req, std::shared_ptr<http::ResponseChannel> ch, bool chat);
+  void handle_generate(const http::HttpRequest& req, std::shared_ptr<http::ResponseChannel> ch, bool chat,
+                       std::shared_ptr<RequestObservation> obs);
+  void handle_engine_state(const std::shared_ptr<http::ResponseChannel>& ch);
   void handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra = {});
   void send_json(const std::shared_ptr<http::ResponseChannel>& ch, int status, const std::string& body);
-  bool authorized(const http::HttpRequest& req) const;
+  bool authorized(const http::HttpRequest& req) const { return key_index(req) >= 0; }
+  // Index of the request's API key in cfg_.api_keys; -1 when missing or wrong; 0 without auth.
+  int key_index(const http::HttpRequest& req) const;
   void method_not_allowed(const std::shared_ptr<http::ResponseChannel>& ch, const char* allow);
-  void count_status(int status);
-  void count_finish(const std::string& reason);
   void job_done(Job& job);
   void reaper_loop();
 
@@ -75,9 +80,9 @@ class OpenAiServer {
   std::atomic<int64_t> inflight_tokens_{0};
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
-  mutable std::mutex mu_;  // guards the maps below
-  std::map<int, int64_t> status_counts_;
-  std::map<std::string, int64_t> finish_counts_;
+  std::unique_ptr<Observability> obs_;
+
+  mutable std::mutex mu_;  // guards the map below
   std::map<uint64_t, std::shared_ptr<Job>> jobs_;  // owns each job until job_done()
   uint64_t next_job_ = 1;
 

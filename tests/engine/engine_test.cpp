@@ -242,3 +242,67 @@ TEST(Engine, StopStringsAndKvMemoryParsing) {
   EXPECT_GT(*parse_kv_memory("0.01"), 0u);
   for (const char* bad : {"", "abc", "-5", "1.5", "12Q", "0", "nan"}) EXPECT_FALSE(parse_kv_memory(bad).ok()) << bad;
 }
+
+// The per-request timing the server turns into histograms and trace spans:
+// ordered time stamps, one prefill chunk per step under a small token budget
+// (their tokens add up to the prompt), engine time shares that add up to the
+// engine's busy time, and a time stamp on every event.
+TEST(Engine, RequestTimingOfChunkedPrefillAndDecode) {
+  EngineConfig cfg;
+  cfg.n_threads = 1;
+  cfg.kv_memory_bytes = 16u << 20;
+  cfg.max_batch_tokens = 8;
+  cfg.enable_prefix_caching = false;
+  auto e = make_engine(cfg);
+  std::vector<TokenId> prompt = stories().tok->encode("Once upon a time there was a little girl who loved to play", true, true);
+  ASSERT_GT(prompt.size(), 16u);
+  Request r;
+  r.prompt = prompt;
+  r.params.max_tokens = 6;
+  r.params.temperature = 0;
+  r.params.ignore_eos = true;
+  r.n = 2;
+  auto s = e->submit(r);
+  ASSERT_TRUE(s.ok());
+  OutputEvent ev;
+  std::vector<RequestTiming> timings(2);
+  int64_t last_time = 0;
+  int events = 0;
+  while ((*s)->next(&ev)) {
+    ASSERT_TRUE(ev.error.ok()) << ev.error.message();
+    EXPECT_GT(ev.time_ns, 0);
+    EXPECT_GE(ev.time_ns, last_time);
+    last_time = ev.time_ns;
+    ++events;
+    if (ev.finish != FinishReason::none) timings[(size_t)ev.index] = ev.timing;
+    else EXPECT_EQ(ev.timing.finished_ns, 0);  // timing rides on the last event only
+  }
+  EXPECT_EQ(events, 12);
+  double compute = 0;
+  for (const RequestTiming& t : timings) {
+    EXPECT_GT(t.arrival_ns, 0);
+    EXPECT_LE(t.arrival_ns, t.scheduled_ns);
+    EXPECT_LT(t.scheduled_ns, t.first_token_ns);
+    EXPECT_LT(t.first_token_ns, t.finished_ns);
+    EXPECT_GE(t.detokenize_ns, 0);
+    EXPECT_LT(t.detokenize_ns, t.finished_ns - t.first_token_ns + 1);
+    const size_t want_chunks = (prompt.size() + 7) / 8;
+    ASSERT_EQ(t.prefill_chunks.size(), want_chunks);
+    int64_t tokens = 0, prev_end = 0;
+    for (const auto& c : t.prefill_chunks) {
+      EXPECT_LE(c.n_tokens, 8);
+      EXPECT_LT(c.start_ns, c.end_ns);
+      EXPECT_GE(c.start_ns, prev_end);
+      prev_end = c.end_ns;
+      tokens += c.n_tokens;
+    }
+    EXPECT_EQ(tokens, (int64_t)prompt.size());
+    EXPECT_EQ(t.prefill_chunks.front().start_ns, t.scheduled_ns);
+    EXPECT_EQ(t.prefill_chunks.back().end_ns, t.first_token_ns);
+    compute += t.compute_s;
+  }
+  const EngineStats st = e->stats();
+  EXPECT_GT(st.step_seconds, 0);
+  EXPECT_NEAR(compute, st.step_seconds, 1e-9 + st.step_seconds * 1e-9);
+  EXPECT_EQ(st.spec_drafts, 0);
+}

@@ -186,7 +186,12 @@ def metrics_format(ctx):
     text = r.body.decode()
     samples, helps, types = parse_metrics(text)
     check(samples, "no samples")
-    for name in samples:
+    def family(name):  # a histogram's samples are name_bucket, name_sum, name_count
+        for suffix in ("_bucket", "_sum", "_count"):
+            if name.endswith(suffix) and types.get(name[: -len(suffix)]) == "histogram":
+                return name[: -len(suffix)]
+        return name
+    for name in map(family, samples):
         check(name in helps, f"{name}: no '# HELP {name}' line")
         check(name in types, f"{name}: no '# TYPE {name}' line")
         check(name.startswith("serval_"), f"{name}: metric names start with serval_")
@@ -196,7 +201,7 @@ def metrics_format(ctx):
             check(name.endswith("_total"), f"counter {name} must end in _total")
     for line in text.splitlines():
         if line and not line.startswith("#"):
-            name = line.split("{")[0].split(" ")[0]
+            name = family(line.split("{")[0].split(" ")[0])
             check(name in types, f"sample line before its # TYPE: {line}")
     for need in ("serval_kv_blocks_used", "serval_requests_running", "serval_requests_waiting",
                  "serval_prompt_tokens_total", "serval_generation_tokens_total", "serval_http_responses_total"):
