@@ -16,11 +16,8 @@
 
 namespace serval::chat_template_test {
 
-inline std::string project_root() {
-  std::string f = __FILE__;  // <root>/tests/chat_template/reference.h
-  for (int i = 0; i < 3; ++i) f = f.substr(0, f.rfind('/'));
-  return f;
-}
+// (From the build, not __FILE__: a compiler cache may make __FILE__ relative.)
+inline std::string project_root() { return SERVAL_SOURCE_DIR; }
 
 inline std::string reference_script() { return project_root() + "/scripts/render_chat_templates.py"; }
 
