@@ -11,6 +11,7 @@
 #include "engine/runner.h"
 #include "kv_cache/kv_cache_manager.h"
 #include "model/model.h"
+#include "sampler/grammar/matcher.h"
 #include "sampler/sampler.h"
 #include "sampler/stop_matcher.h"
 #include "scheduler/scheduler.h"
@@ -109,6 +110,8 @@ struct Engine::Impl {
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StreamingDetokenizer> detok;
     std::unique_ptr<StopMatcher> stop;
+    std::unique_ptr<GrammarMatcher> grammar;  // params.grammar's state for this sequence
+    std::vector<uint64_t> grammar_mask;       // scratch: allowed tokens
     int32_t n_generated = 0;
     int64_t cached_prompt_tokens = -1;  // start_pos of the first scheduled chunk: the prefix-cache hit
     bool finished = false;
@@ -128,6 +131,7 @@ struct Engine::Impl {
   Tokenizer tok;
   EngineConfig cfg;
   std::vector<TokenId> eog;
+  std::shared_ptr<const TokenTrie> token_trie;  // built on the first grammar request
 
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<KvStorage> storage;
@@ -165,7 +169,36 @@ struct Engine::Impl {
   void close_request_if_done(RequestState& rs);
   void after_step(const SchedulerOutput& out, const std::vector<float>& logits);
   void publish_stats();
+  void init_seq(SeqState& ss, RequestState& rs, int32_t index, const SamplingParams& p);
+  TokenId sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history);
 };
+
+// A new sequence's sampler, detokenizer, stop matcher and grammar state.
+void Engine::Impl::init_seq(SeqState& ss, RequestState& rs, int32_t index, const SamplingParams& p) {
+  ss.req = &rs;
+  ss.index = index;
+  ss.sampler = std::make_unique<Sampler>(p, (int32_t)model->config().n_vocab);
+  ss.detok = std::make_unique<StreamingDetokenizer>(tok);
+  ss.stop = std::make_unique<StopMatcher>(p.stop);
+  if (p.grammar) {
+    if (!token_trie) {
+      std::vector<std::string> pieces((size_t)tok.n_vocab());
+      for (TokenId t = 0; t < tok.n_vocab(); ++t)
+        if (!tok.is_control(t)) pieces[(size_t)t] = tok.token_to_piece(t);
+      token_trie = std::make_shared<TokenTrie>(std::move(pieces), eog);
+    }
+    ss.grammar = std::make_unique<GrammarMatcher>(p.grammar, token_trie);
+  }
+}
+
+// Samples under the sequence's grammar (if any) and advances its state.
+TokenId Engine::Impl::sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history) {
+  if (!ss.grammar) return ss.sampler->sample(logits, history);
+  ss.grammar->fill_mask(ss.grammar_mask);
+  const TokenId t = ss.sampler->sample(logits, history, ss.grammar_mask);
+  ss.grammar->accept_token(t);
+  return t;
+}
 
 void Engine::Impl::fail_request(RequestState& rs, const Status& st) {
   OutputEvent ev;
@@ -200,11 +233,7 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   rs->seqs[0] = id;
   rs->n_open = rs->req.n;
   SeqState ss;
-  ss.req = rs.get();
-  ss.index = 0;
-  ss.sampler = std::make_unique<Sampler>(rs->req.params, (int32_t)model->config().n_vocab);
-  ss.detok = std::make_unique<StreamingDetokenizer>(tok);
-  ss.stop = std::make_unique<StopMatcher>(rs->req.params.stop);
+  init_seq(ss, *rs, 0, rs->req.params);
   seqs.emplace(id, std::move(ss));
   {
     std::lock_guard<std::mutex> lk(stats_mu);
@@ -269,7 +298,7 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
     ++row;
     SeqState& ss = seqs.at(s.seq);
     const auto& history = sched->tokens(s.seq);
-    const TokenId t = ss.sampler->sample(lg, history);
+    const TokenId t = sample_seq(ss, lg, history);
     sampled.push_back({s.seq, t});
     (void)lps;
   }
@@ -294,15 +323,11 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
     for (int32_t i = 1; i < rs.req.n; ++i) {
       const SeqId child = next_seq++;
       SeqState cs;
-      cs.req = &rs;
-      cs.index = i;
       SamplingParams p = rs.req.params;
       if (p.seed) p.seed = *p.seed + (uint64_t)i;  // distinct but reproducible streams
-      cs.sampler = std::make_unique<Sampler>(p, (int32_t)n_vocab);
-      cs.detok = std::make_unique<StreamingDetokenizer>(tok);
-      cs.stop = std::make_unique<StopMatcher>(p.stop);
+      init_seq(cs, rs, i, p);  // a fresh grammar state: the child's first token is drawn here
       std::vector<TokenId> history(rs.req.prompt);
-      const TokenId ct = cs.sampler->sample(lg, history);
+      const TokenId ct = sample_seq(cs, lg, history);
       sched->fork(sid, child, ct);  // shares the parent's blocks; its own first token
       rs.seqs[(size_t)i] = child;
       seqs.emplace(child, std::move(cs));

@@ -51,6 +51,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     std::string finish;
     bool role_sent = false;
     int64_t completion_tokens = 0;
+    size_t streamed = 0;  // bytes of `text` already sent (tool mode holds a possible call back)
   };
 
   OpenAiServer* srv = nullptr;
@@ -134,8 +135,13 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     if (req.logprobs && !ev.logprobs.empty()) lp = add_logprobs(c, ev);
     c.text += ev.text;
     c.completion_tokens += (int64_t)ev.tokens.size();
+    std::optional<json> call;
     if (ev.finish != FinishReason::none) {
       c.finish = finish_reason_name(ev.finish);
+      if (req.tools != ToolMode::off && ev.finish == FinishReason::stop) {
+        call = parse_tool_call(c.text, random_id("call"));
+        if (call) c.finish = "tool_calls";
+      }
       if (ev.index == 0) cached_tokens += ev.cached_prompt_tokens;
       srv->count_finish(c.finish);
     }
@@ -148,7 +154,20 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
           delta["role"] = "assistant";
           c.role_sent = true;
         }
-        if (!ev.text.empty() || delta.contains("role")) delta["content"] = ev.text;
+        // With tools, text that may be a call is held back until it is complete.
+        const bool hold = req.tools == ToolMode::required ||
+                          (req.tools == ToolMode::optional && (c.text.empty() || c.text[0] == '{'));
+        std::string text;
+        if (call) {
+          json tc = *call;
+          tc["index"] = 0;
+          delta["tool_calls"] = json::array({tc});
+          c.streamed = c.text.size();
+        } else if (!hold || ev.finish != FinishReason::none) {
+          text = c.text.substr(c.streamed);
+          c.streamed = c.text.size();
+        }
+        if (!text.empty() || (delta.contains("role") && !call)) delta["content"] = text;
         choice["delta"] = delta;
       } else {
         choice["text"] = ev.text;
@@ -193,6 +212,12 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
         json ch_json = {{"index", i}};
         if (req.chat) {
           ch_json["message"] = {{"role", "assistant"}, {"content", c.text}};
+          if (c.finish == "tool_calls") {
+            if (auto call = parse_tool_call(c.text, random_id("call"))) {
+              ch_json["message"]["content"] = nullptr;
+              ch_json["message"]["tool_calls"] = json::array({*call});
+            }
+          }
           ch_json["logprobs"] = req.logprobs ? json{{"content", c.logprobs_content}} : json(nullptr);
         } else {
           std::string text = req.echo ? req.prompt_texts[i / (size_t)req.n] + c.text : c.text;
@@ -258,6 +283,7 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   s->parse_ctx_.n_vocab = info.n_vocab;
   s->parse_ctx_.max_model_len = info.max_model_len;
   s->parse_ctx_.limits = s->cfg_.limits;
+  s->parse_ctx_.grammar_cache = &s->grammar_cache_;
   OpenAiServer* raw = s.get();
   s->reaper_ = std::thread([raw] { raw->reaper_loop(); });
   return s;

@@ -127,24 +127,31 @@ const CharClass& GrammarMatcher::top_class(uint32_t stack) const {
 
 bool GrammarMatcher::step(const State& in, uint8_t b, State& out) {
   uint32_t cp;
-  uint8_t need;
+  uint8_t need, len;
   if (in.need == 0) {
-    if (b < 0x80) cp = b, need = 0;
-    else if (b >= 0xC2 && b <= 0xDF) cp = b & 0x1Fu, need = 1;
-    else if ((b >> 4) == 0xE) cp = b & 0x0Fu, need = 2;
-    else if (b >= 0xF0 && b <= 0xF4) cp = b & 0x07u, need = 3;
+    if (b < 0x80) cp = b, need = 0, len = 1;
+    else if (b >= 0xC2 && b <= 0xDF) cp = b & 0x1Fu, need = 1, len = 2;
+    else if ((b >> 4) == 0xE) cp = b & 0x0Fu, need = 2, len = 3;
+    else if (b >= 0xF0 && b <= 0xF4) cp = b & 0x07u, need = 3, len = 4;
     else return false;
   } else {
     if ((b & 0xC0) != 0x80) return false;
     cp = (in.acc << 6) | (b & 0x3Fu);
     need = (uint8_t)(in.need - 1);
+    len = in.len;
   }
+  // The smallest code point of a sequence of this length (no overlong forms).
+  static constexpr uint32_t kMinOfLen[5] = {0, 0, 0x80, 0x800, 0x10000};
   out.acc = cp;
   out.need = need;
+  out.len = len;
   out.stacks.clear();
+  if (need == 0 && (cp < kMinOfLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) return false;
   if (need > 0) {
     // Keep the stacks; require that one of them can take a code point with this prefix.
-    const uint32_t lo = cp << (6 * need), hi = lo | ((1u << (6 * need)) - 1);
+    const uint32_t hi = std::min<uint32_t>(((cp + 1) << (6 * need)) - 1, 0x10FFFF);
+    const uint32_t lo = std::max(cp << (6 * need), kMinOfLen[len]);
+    if (lo > hi) return false;
     bool any = false;
     for (uint32_t s : in.stacks)
       if (s != kAccept && top_class(s).intersects(lo, hi)) { any = true; break; }
@@ -208,7 +215,7 @@ void GrammarMatcher::fill_mask(std::vector<uint64_t>& bits) {
   }
   std::vector<uint32_t> key = state_.stacks;
   key.push_back(state_.acc);
-  key.push_back(state_.need);
+  key.push_back(state_.need | (uint32_t)state_.len << 8);
   if (auto it = mask_cache_.find(key); it != mask_cache_.end()) {
     bits = it->second;
     return;

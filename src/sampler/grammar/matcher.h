@@ -104,6 +104,7 @@ class GrammarMatcher {
     std::vector<uint32_t> stacks;  // sorted stack ids (kAccept last)
     uint32_t acc = 0;              // partial UTF-8: code point bits so far
     uint8_t need = 0;              // continuation bytes still expected
+    uint8_t len = 0;               // length of the sequence in progress
   };
 
   uint32_t intern(uint32_t pos, uint32_t parent);
