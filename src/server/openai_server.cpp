@@ -175,7 +175,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       choice["logprobs"] = lp;
       choice["finish_reason"] = ev.finish == FinishReason::none ? json(nullptr) : json(c.finish);
       chunk["choices"] = json::array({choice});
-      if (!ev.text.empty() || ev.finish != FinishReason::none || !lp.is_null() || req.chat) write_event(chunk);
+      const bool empty_delta = req.chat && choice["delta"].empty();  // e.g. a tool call held back
+      if ((!ev.text.empty() || ev.finish != FinishReason::none || !lp.is_null() || req.chat) &&
+          !(empty_delta && ev.finish == FinishReason::none && lp.is_null()))
+        write_event(chunk);
     }
   }
 
