@@ -174,7 +174,13 @@ int cmd_bench(int argc, char** argv) {
     argv[1] = name.data();
     return cmd_bench_http(argc - 1, argv + 1);
   }
-  CLI::App app("Benchmarks (also: serval bench http --url URL ... — load an OpenAI-compatible server)", cmd);
+  if (argc >= 2 && std::string_view(argv[1]) == "grammar") {
+    std::string name = "serval bench grammar";
+    argv[1] = name.data();
+    return cmd_bench_grammar(argc - 1, argv + 1);
+  }
+  CLI::App app("Benchmarks (also: serval bench http --url URL ... — load an OpenAI-compatible server; "
+               "serval bench grammar -m MODEL — constrained-decoding overhead)", cmd);
   app.require_subcommand(1);
   auto* tp = app.add_subcommand("throughput", "drive the engine directly with concurrent requests");
   std::string model_path, format = "text", kv_mem = "1G", conc_list = "1";

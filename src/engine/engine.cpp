@@ -11,7 +11,7 @@
 #include "engine/runner.h"
 #include "kv_cache/kv_cache_manager.h"
 #include "model/model.h"
-#include "sampler/grammar/matcher.h"
+#include "engine/token_trie_for.h"
 #include "sampler/sampler.h"
 #include "sampler/stop_matcher.h"
 #include "scheduler/scheduler.h"
@@ -181,12 +181,7 @@ void Engine::Impl::init_seq(SeqState& ss, RequestState& rs, int32_t index, const
   ss.detok = std::make_unique<StreamingDetokenizer>(tok);
   ss.stop = std::make_unique<StopMatcher>(p.stop);
   if (p.grammar) {
-    if (!token_trie) {
-      std::vector<std::string> pieces((size_t)tok.n_vocab());
-      for (TokenId t = 0; t < tok.n_vocab(); ++t)
-        if (!tok.is_control(t)) pieces[(size_t)t] = tok.token_to_piece(t);
-      token_trie = std::make_shared<TokenTrie>(std::move(pieces), eog);
-    }
+    if (!token_trie) token_trie = token_trie_for(tok);
     ss.grammar = std::make_unique<GrammarMatcher>(p.grammar, token_trie);
   }
 }

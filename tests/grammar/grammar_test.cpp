@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/token_trie_for.h"
 #include "gguf/gguf_reader.h"
 #include "sampler/grammar/grammar.h"
 #include "sampler/grammar/matcher.h"
@@ -45,16 +46,6 @@ Tokenizer load_tokenizer(const char* file) {
   auto t = Tokenizer::from_gguf(*f);
   EXPECT_TRUE(t.ok()) << t.status().message();
   return std::move(t.value());
-}
-
-std::shared_ptr<const TokenTrie> trie_of(const Tokenizer& tok) {
-  std::vector<std::string> pieces;
-  std::vector<TokenId> eog;
-  for (TokenId t = 0; t < tok.n_vocab(); ++t) {
-    pieces.push_back(tok.is_control(t) ? std::string() : tok.token_to_piece(t));
-    if (tok.is_eog(t)) eog.push_back(t);
-  }
-  return std::make_shared<TokenTrie>(pieces, eog);
 }
 
 GrammarPtr gbnf(const std::string& text) {
@@ -296,7 +287,7 @@ TEST(Mask, SmallVocabMatchesReference) {
 TEST(Mask, LlamaVocab32kMatchesReference) {
   Tokenizer tok = load_tokenizer("ggml-vocab-llama-spm.gguf");
   ASSERT_GE(tok.n_vocab(), 32000);
-  auto trie = trie_of(tok);
+  auto trie = token_trie_for(tok);
   GrammarPtr json = gbnf(read(kShared / "grammars" / "json.gbnf"));
   random_walk_check(json, trie, 6, 7, true);
   auto schema = compile_json_schema(R"({"type":"object","properties":{"id":{"type":"integer"},"name":{"type":"string"}},"required":["id","name"]})");

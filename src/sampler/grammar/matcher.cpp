@@ -99,7 +99,9 @@ void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>
     } else if (e.kind == GrammarElem::term) {
       out.push_back(intern(p, par));
     } else {
-      const uint32_t cont = intern(p + 1, par);
+      // A reference that ends its alternative continues straight with the
+      // parent (a tail call), so repetition loops keep the stack flat.
+      const uint32_t cont = elems[p + 1].kind == GrammarElem::end ? par : intern(p + 1, par);
       for (uint32_t a : g_->rule_alts[e.value]) work_.push_back({a, cont});
     }
     if (out.size() > kMaxStacks) dead_ = true;
@@ -216,7 +218,7 @@ void GrammarMatcher::fill_mask(std::vector<uint64_t>& bits) {
   std::vector<uint32_t> key = state_.stacks;
   key.push_back(state_.acc);
   key.push_back(state_.need | (uint32_t)state_.len << 8);
-  if (auto it = mask_cache_.find(key); it != mask_cache_.end()) {
+  if (auto it = mask_cache_.find(key); mask_cache_on_ && it != mask_cache_.end()) {
     bits = it->second;
     return;
   }
@@ -247,6 +249,7 @@ void GrammarMatcher::fill_mask(std::vector<uint64_t>& bits) {
   bool any = false;
   for (uint64_t w : bits) any |= w != 0;
   if (!any) allow_eog(bits);  // a dead end (should not happen): let the sequence stop
+  if (!mask_cache_on_) return;
   if ((mask_cache_.size() + 1) * words * 8 > kMaskCacheBytes) mask_cache_.clear();
   mask_cache_.emplace(std::move(key), bits);
 }

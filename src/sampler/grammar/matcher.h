@@ -86,6 +86,8 @@ class GrammarMatcher {
   bool accept_bytes(std::string_view bytes);
 
   bool can_end() const;      // the grammar may end here
+  // Benchmarks: turn the per-state mask cache off (every fill_mask walks the trie).
+  void set_mask_cache(bool on) { mask_cache_on_ = on; }
   bool dead() const { return dead_; }
   size_t n_stacks() const { return state_.stacks.size(); }
 
@@ -118,6 +120,7 @@ class GrammarMatcher {
   State state_;
   bool dead_ = false;
   bool finished_ = false;
+  bool mask_cache_on_ = true;
 
   std::vector<StackNode> nodes_;
   std::unordered_map<uint64_t, uint32_t> intern_;
