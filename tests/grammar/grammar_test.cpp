@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -274,6 +275,133 @@ void random_walk_check(const GrammarPtr& g, std::shared_ptr<const TokenTrie> tri
     ASSERT_TRUE(m.accept_token(t));
     if (trie->is_eog(t)) break;
   }
+}
+
+// An independent recognizer for the mask checks: Earley over the compiled
+// rules, code point by code point (no stacks, no trie, no UTF-8 state).
+class Earley {
+ public:
+  explicit Earley(const CompiledGrammar& g) : g_(g), chart_(1) {
+    for (uint32_t a : g_.rule_alts[g_.root]) chart_[0].insert({g_.root, a, 0});
+    closure(0);
+  }
+  // Feeds one code point; false if no parse continues.
+  bool feed(uint32_t cp) {
+    const size_t i = chart_.size() - 1;
+    std::set<Item> next;
+    for (const Item& it : chart_[i]) {
+      const GrammarElem& e = g_.elems[it.dot];
+      if (e.kind == GrammarElem::term && g_.classes[e.value].contains(cp)) next.insert({it.rule, it.dot + 1, it.origin});
+    }
+    chart_.push_back(std::move(next));
+    closure(i + 1);
+    return !chart_.back().empty();
+  }
+  bool accepts() const {
+    for (const Item& it : chart_.back())
+      if (it.rule == g_.root && it.origin == 0 && g_.elems[it.dot].kind == GrammarElem::end) return true;
+    return false;
+  }
+
+ private:
+  struct Item {
+    uint32_t rule, dot, origin;
+    auto operator<=>(const Item&) const = default;
+  };
+  void closure(size_t i) {
+    for (size_t before = SIZE_MAX; before != chart_[i].size();) {
+      before = chart_[i].size();
+      std::vector<Item> items(chart_[i].begin(), chart_[i].end());
+      for (const Item& it : items) {
+        const GrammarElem& e = g_.elems[it.dot];
+        if (e.kind == GrammarElem::ref) {
+          for (uint32_t a : g_.rule_alts[e.value]) chart_[i].insert({e.value, a, (uint32_t)i});
+        } else if (e.kind == GrammarElem::end) {
+          std::vector<Item> waiting(chart_[it.origin].begin(), chart_[it.origin].end());
+          for (const Item& w : waiting) {
+            const GrammarElem& we = g_.elems[w.dot];
+            if (we.kind == GrammarElem::ref && we.value == it.rule) chart_[i].insert({w.rule, w.dot + 1, w.origin});
+          }
+        }
+      }
+    }
+  }
+  const CompiledGrammar& g_;
+  std::vector<std::set<Item>> chart_;
+};
+
+// Code points of complete UTF-8 text; false if it is not complete and valid.
+bool utf8_decode(std::string_view s, std::vector<uint32_t>& out) {
+  out.clear();
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = (unsigned char)s[i];
+    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + (size_t)n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+    for (int k = 1; k < n; ++k) {
+      if (((unsigned char)s[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3F);
+    }
+    out.push_back(cp);
+    i += (size_t)n;
+  }
+  return true;
+}
+
+// Random walk; at each step every token whose piece is complete UTF-8 must be
+// allowed iff Earley can continue with its code points, and EOS iff Earley accepts.
+void earley_walk_check(const GrammarPtr& g, const std::shared_ptr<const TokenTrie>& trie, int steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  GrammarMatcher m(g, trie);
+  Earley ref(*g);
+  std::vector<uint64_t> bits;
+  std::vector<uint32_t> cps;
+  for (int step = 0; step < steps; ++step) {
+    m.fill_mask(bits);
+    std::vector<TokenId> allowed;
+    for (TokenId t = 0; t < trie->n_vocab(); ++t) {
+      if (bit(bits, t)) allowed.push_back(t);
+      if (trie->is_eog(t)) {
+        ASSERT_EQ(bit(bits, t), ref.accepts()) << "EOS at step " << step;
+        continue;
+      }
+      if (trie->piece(t).empty() || !utf8_decode(trie->piece(t), cps)) continue;
+      Earley e = ref;
+      bool ok = true;
+      for (uint32_t cp : cps) ok = ok && e.feed(cp);
+      ASSERT_EQ(bit(bits, t), ok) << "token '" << trie->piece(t) << "' at step " << step;
+    }
+    // Continue with a random allowed token that keeps the text complete UTF-8.
+    std::shuffle(allowed.begin(), allowed.end(), rng);
+    TokenId pick = -1;
+    for (TokenId t : allowed)
+      if (trie->is_eog(t) || utf8_decode(trie->piece(t), cps)) { pick = t; break; }
+    ASSERT_GE(pick, 0);
+    if (trie->is_eog(pick)) break;
+    ASSERT_TRUE(m.accept_token(pick));
+    utf8_decode(trie->piece(pick), cps);
+    for (uint32_t cp : cps) ASSERT_TRUE(ref.feed(cp));
+  }
+}
+
+TEST(Mask, AgreesWithEarleyReference) {
+  auto trie = small_trie();
+  for (const char* f : {"json.gbnf", "arithmetic.gbnf", "chess.gbnf", "list.gbnf", "japanese.gbnf", "c.gbnf"}) {
+    SCOPED_TRACE(f);
+    GrammarPtr g = gbnf(read(kShared / "grammars" / f));
+    for (uint64_t seed = 1; seed <= 3; ++seed) earley_walk_check(g, trie, 25, seed);
+  }
+  auto schema = compile_json_schema(R"({"type":"object","properties":{"a":{"type":"array","items":{"enum":["x",1]},"maxItems":3},"b":{"type":"string","maxLength":4}},"required":["b"]})");
+  ASSERT_TRUE(schema.ok());
+  for (uint64_t seed = 1; seed <= 5; ++seed) earley_walk_check(*schema, trie, 40, seed);
+}
+
+TEST(Mask, RejectsOverlongAndSurrogateUtf8) {
+  GrammarMatcher m(gbnf("root ::= [^a]*\n"), small_trie());
+  EXPECT_FALSE(m.accept_bytes("\xE0\x81\xBB"));  // overlong '{'
+  EXPECT_FALSE(m.accept_bytes("\xC1\xBF"));
+  EXPECT_FALSE(m.accept_bytes("\xED\xA0\x80"));  // U+D800
+  EXPECT_TRUE(m.accept_bytes("\xC3\xA9\xE6\x97\xA5"));
 }
 
 TEST(Mask, SmallVocabMatchesReference) {
