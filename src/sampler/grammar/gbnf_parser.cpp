@@ -403,6 +403,7 @@ Status Parser::check_and_flatten(CompiledGrammar& g) {
   std::vector<char> nullable(n, 0);
   for (bool changed = true; changed;) {
     changed = false;
+    if (!check_time()) return err_;
     for (size_t r = 0; r < n; ++r) {
       if (nullable[r]) continue;
       for (const Seq& alt : rules_[r]) {

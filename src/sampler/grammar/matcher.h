@@ -95,7 +95,7 @@ class GrammarMatcher {
   static constexpr uint32_t kNil = 0xFFFFFFFFu;     // no parent
   static constexpr uint32_t kAccept = 0xFFFFFFFEu;  // the empty stack: the grammar is complete
   static constexpr size_t kMaxNodes = 1u << 22;
-  static constexpr size_t kMaxStacks = 4096;
+  static constexpr size_t kMaxStacks = 1024;
   static constexpr size_t kMaskCacheBytes = 4u << 20;
 
   struct StackNode {
