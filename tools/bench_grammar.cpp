@@ -130,20 +130,12 @@ int cmd_bench_grammar(int argc, char** argv) {
   app.add_option("--seed", seed, "sampling seed");
   if (auto rc = parse(app, argc, argv)) return *rc;
 
-  auto read = [](const std::string& path, std::string& out) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return false;
-    std::stringstream ss;
-    ss << in.rdbuf();
-    out = ss.str();
-    return true;
-  };
   Expected<GrammarPtr> g = Status(StatusCode::internal, "unset");
   std::string source = "any JSON object";
   if (!grammar_file.empty() || !schema_file.empty()) {
     const std::string& path = grammar_file.empty() ? schema_file : grammar_file;
     std::string text;
-    if (!read(path, text)) return fail(cmd, "cannot read '" + path + "'");
+    if (!read_file(path, text)) return fail(cmd, "cannot read '" + path + "'");
     g = grammar_file.empty() ? compile_json_schema(text) : compile_gbnf(text);
     source = path;
   } else {

@@ -64,26 +64,16 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--regex", regex, "constrain the output to full matches of this regex")
       ->excludes(g1)->excludes(g2)->excludes(g3);
   if (auto rc = parse(app, argc, argv)) return *rc;
-  if (!grammar_file.empty()) {
-    std::ifstream in(grammar_file, std::ios::binary);
-    if (!in) return fail(cmd, "cannot read grammar file '" + grammar_file + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    grammar = ss.str();
-  }
+  if (!grammar_file.empty() && !read_file(grammar_file, grammar))
+    return fail(cmd, "cannot read grammar file '" + grammar_file + "'");
   Expected<GrammarPtr> constraint = GrammarPtr();
   if (!grammar.empty()) constraint = compile_gbnf(grammar);
   else if (!json_schema.empty()) constraint = compile_json_schema(json_schema);
   else if (!regex.empty()) constraint = compile_regex(regex);
   if (!constraint.ok()) return fail(cmd, constraint.status().message());
 
-  if (!prompt_file.empty()) {
-    std::ifstream in(prompt_file, std::ios::binary);
-    if (!in) return fail(cmd, "cannot read prompt file '" + prompt_file + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    prompt = ss.str();
-  }
+  if (!prompt_file.empty() && !read_file(prompt_file, prompt))
+    return fail(cmd, "cannot read prompt file '" + prompt_file + "'");
 
   auto loaded = load_model(cmd, model_path);
   if (!loaded) return 2;

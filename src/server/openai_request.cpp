@@ -2,26 +2,13 @@
 
 #include <cmath>
 
+#include "common/json_depth.h"
+
 namespace serval::server {
 
 using json = nlohmann::ordered_json;
 
-int json_depth(std::string_view text) {
-  int depth = 0, max_depth = 0;
-  bool in_str = false, esc = false;
-  for (char c : text) {
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-      continue;
-    }
-    if (c == '"') in_str = true;
-    else if (c == '[' || c == '{') max_depth = std::max(max_depth, ++depth);
-    else if (c == ']' || c == '}') --depth;
-  }
-  return max_depth;
-}
+int json_depth(std::string_view text) { return json_nesting_depth(text); }
 
 namespace {
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sampler/grammar/grammar.h"
+#include "sampler/grammar/grammar_internal.h"
 
 namespace serval {
 
@@ -177,29 +178,12 @@ class Parser {
 
   // One UTF-8 code point of the source.
   bool decode_utf8(uint32_t& cp) {
-    const unsigned char c = (unsigned char)peek();
-    int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
-    if (n < 0) return fail("invalid UTF-8 in the grammar");
-    cp = n == 0 ? c : n == 1 ? (c & 0x1F) : n == 2 ? (c & 0x0F) : (c & 0x07);
-    ++pos_;
-    for (int i = 0; i < n; ++i) {
-      const unsigned char d = (unsigned char)peek();
-      if ((d & 0xC0) != 0x80) return fail("invalid UTF-8 in the grammar");
-      cp = (cp << 6) | (d & 0x3F);
-      ++pos_;
-    }
+    if (!next_code_point(s_, pos_, cp)) return fail("invalid UTF-8 in the grammar");
     return true;
   }
 
   bool parse_hex(int digits, uint32_t& cp) {
-    cp = 0;
-    for (int i = 0; i < digits; ++i) {
-      const char c = peek();
-      int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-      if (v < 0) return fail("expected " + std::to_string(digits) + " hex digits in an escape");
-      cp = cp * 16 + (uint32_t)v;
-      ++pos_;
-    }
+    if (!read_hex(s_, pos_, digits, cp)) return fail("expected " + std::to_string(digits) + " hex digits in an escape");
     if (cp > kMaxCodePoint) return fail("code point out of range in an escape");
     return true;
   }

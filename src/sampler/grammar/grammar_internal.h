@@ -13,3 +13,13 @@ namespace serval {
 Expected<std::string> regex_to_gbnf_expr(std::string_view regex, const GrammarLimits& limits);
 
 }  // namespace serval
+
+namespace serval {
+
+// One UTF-8 code point of `s` at `pos` (advanced past it); false if malformed.
+bool next_code_point(std::string_view s, size_t& pos, uint32_t& cp);
+
+// `digits` hex digits of `s` at `pos` (advanced past them); false if one is not hex.
+bool read_hex(std::string_view s, size_t& pos, int digits, uint32_t& cp);
+
+}  // namespace serval

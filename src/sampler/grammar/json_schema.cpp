@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_depth.h"
 #include "sampler/grammar/grammar.h"
 #include "sampler/grammar/grammar_internal.h"
 
@@ -365,17 +366,7 @@ Expected<std::string> json_schema_to_gbnf(std::string_view schema_json, const Gr
     return Status(StatusCode::resource_exhausted, "json_schema: larger than the limit of " +
                                                       std::to_string(limits.max_source_bytes) + " bytes");
   // Depth is checked before parsing so that no parser recursion is deep.
-  int depth = 0, max_depth = 0;
-  bool in_str = false, esc = false;
-  for (char c : schema_json) {
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-    } else if (c == '"') in_str = true;
-    else if (c == '{' || c == '[') max_depth = std::max(max_depth, ++depth);
-    else if (c == '}' || c == ']') --depth;
-  }
+  const int max_depth = json_nesting_depth(schema_json);
   if ((size_t)max_depth > 2 * limits.max_nesting + 2)
     return Status(StatusCode::resource_exhausted, "json_schema: nesting exceeds the limit of " +
                                                       std::to_string(limits.max_nesting));

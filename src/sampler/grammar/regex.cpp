@@ -57,28 +57,12 @@ class RegexParser {
   char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
 
   bool decode(uint32_t& cp) {
-    const unsigned char c = (unsigned char)s_[pos_];
-    int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
-    if (n < 0) return fail("invalid UTF-8"), false;
-    cp = n == 0 ? c : n == 1 ? (c & 0x1F) : n == 2 ? (c & 0x0F) : (c & 0x07);
-    ++pos_;
-    for (int i = 0; i < n; ++i) {
-      if (eof() || ((unsigned char)peek() & 0xC0) != 0x80) return fail("invalid UTF-8"), false;
-      cp = (cp << 6) | ((unsigned char)peek() & 0x3F);
-      ++pos_;
-    }
+    if (!next_code_point(s_, pos_, cp)) return fail("invalid UTF-8"), false;
     return true;
   }
 
   bool hex(int digits, uint32_t& cp) {
-    cp = 0;
-    for (int i = 0; i < digits; ++i) {
-      const char c = peek();
-      int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-      if (v < 0) return fail("bad hex escape"), false;
-      cp = cp * 16 + (uint32_t)v;
-      ++pos_;
-    }
+    if (!read_hex(s_, pos_, digits, cp)) return fail("bad hex escape"), false;
     return true;
   }
 
