@@ -14,6 +14,7 @@
 #include "engine/token_trie_for.h"
 #include "gguf/gguf_reader.h"
 #include "sampler/grammar/grammar.h"
+#include "sampler/grammar/grammar_cache.h"
 #include "sampler/grammar/matcher.h"
 #include "tokenizer/tokenizer.h"
 
@@ -442,6 +443,30 @@ TEST(Mask, EosOnlyWhereTheGrammarMayEnd) {
   EXPECT_EQ(n, 1);  // only EOS after "abc"
   EXPECT_FALSE(m.accept_token(5));
   EXPECT_TRUE(m.accept_token(0));
+}
+
+TEST(GrammarCache, BoundedLruThatAlsoKeepsErrors) {
+  GrammarCache cache(3);
+  int compiles = 0;
+  auto get = [&](const std::string& text) {
+    return cache.get(text, [&] {
+      ++compiles;
+      return compile_gbnf(text);
+    });
+  };
+  auto a = get("root ::= \"a\"\n");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(get("root ::= \"a\"\n")->get(), a->get());  // same compiled object
+  EXPECT_EQ(compiles, 1);
+  EXPECT_FALSE(get("root ::= root\n").ok());
+  EXPECT_FALSE(get("root ::= root\n").ok());
+  EXPECT_EQ(compiles, 2);  // the error is cached too
+  get("root ::= \"b\"\n");
+  get("root ::= \"c\"\n");
+  EXPECT_EQ(cache.size(), 3u);
+  get("root ::= \"a\"\n");  // evicted as least recently used: compiled again
+  EXPECT_EQ(compiles, 5);
+  EXPECT_EQ(cache.hits(), 2u);
 }
 
 }  // namespace

@@ -96,7 +96,7 @@ class GrammarMatcher {
   static constexpr uint32_t kAccept = 0xFFFFFFFEu;  // the empty stack: the grammar is complete
   static constexpr size_t kMaxNodes = 1u << 22;
   static constexpr size_t kMaxStacks = 1024;
-  static constexpr size_t kMaskCacheBytes = 4u << 20;
+  static constexpr size_t kMaskCacheBytes = 1u << 20;
 
   struct StackNode {
     uint32_t pos;     // position in grammar elems (a term for set members)
