@@ -9,9 +9,9 @@
 
 #include "common/thread_pool.h"
 #include "engine/runner.h"
+#include "engine/token_trie_for.h"
 #include "kv_cache/kv_cache_manager.h"
 #include "model/model.h"
-#include "engine/token_trie_for.h"
 #include "sampler/sampler.h"
 #include "sampler/stop_matcher.h"
 #include "scheduler/scheduler.h"

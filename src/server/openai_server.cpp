@@ -52,6 +52,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     bool role_sent = false;
     int64_t completion_tokens = 0;
     size_t streamed = 0;  // bytes of `text` already sent (tool mode holds a possible call back)
+    std::optional<json> tool_call;  // the OpenAI tool_calls entry when the output is a call
   };
 
   OpenAiServer* srv = nullptr;
@@ -135,12 +136,11 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     if (req.logprobs && !ev.logprobs.empty()) lp = add_logprobs(c, ev);
     c.text += ev.text;
     c.completion_tokens += (int64_t)ev.tokens.size();
-    std::optional<json> call;
     if (ev.finish != FinishReason::none) {
       c.finish = finish_reason_name(ev.finish);
       if (req.tools != ToolMode::off && ev.finish == FinishReason::stop) {
-        call = parse_tool_call(c.text, random_id("call"));
-        if (call) c.finish = "tool_calls";
+        c.tool_call = parse_tool_call(c.text, random_id("call"));
+        if (c.tool_call) c.finish = "tool_calls";
       }
       if (ev.index == 0) cached_tokens += ev.cached_prompt_tokens;
       srv->count_finish(c.finish);
@@ -158,8 +158,9 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
         const bool hold = req.tools == ToolMode::required ||
                           (req.tools == ToolMode::optional && (c.text.empty() || c.text[0] == '{'));
         std::string text;
+        const bool call = ev.finish != FinishReason::none && c.tool_call;
         if (call) {
-          json tc = *call;
+          json tc = *c.tool_call;
           tc["index"] = 0;
           delta["tool_calls"] = json::array({tc});
           c.streamed = c.text.size();
@@ -215,11 +216,9 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
         json ch_json = {{"index", i}};
         if (req.chat) {
           ch_json["message"] = {{"role", "assistant"}, {"content", c.text}};
-          if (c.finish == "tool_calls") {
-            if (auto call = parse_tool_call(c.text, random_id("call"))) {
-              ch_json["message"]["content"] = nullptr;
-              ch_json["message"]["tool_calls"] = json::array({*call});
-            }
+          if (c.tool_call) {
+            ch_json["message"]["content"] = nullptr;
+            ch_json["message"]["tool_calls"] = json::array({*c.tool_call});
           }
           ch_json["logprobs"] = req.logprobs ? json{{"content", c.logprobs_content}} : json(nullptr);
         } else {
