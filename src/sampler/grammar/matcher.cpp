@@ -31,7 +31,7 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces, std::vector<TokenId> eog)
     for (size_t d = lcp; d < p.size(); ++d) {
       Node n;
       n.byte = (uint8_t)p[d];
-      n.depth = (uint16_t)std::min<size_t>(d + 1, 65535);
+      n.depth = (uint32_t)(d + 1);
       n.tok_begin = n.tok_end = (uint32_t)toks_.size();
       path.push_back((uint32_t)nodes_.size());
       nodes_.push_back(n);

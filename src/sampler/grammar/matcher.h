@@ -52,7 +52,7 @@ class TokenTrie {
     uint32_t end = 0;        // one past the last node of this subtree
     uint32_t tok_begin = 0;  // tokens whose piece ends here: toks[tok_begin, tok_end)
     uint32_t tok_end = 0;
-    uint16_t depth = 0;
+    uint32_t depth = 0;      // bytes from the root
     uint8_t byte = 0;
   };
 
