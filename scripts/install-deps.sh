@@ -7,7 +7,7 @@ PKGS=(
   cmake ninja-build g++ pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
-  python3 python3-jinja2
+  python3 python3-jinja2 python3-jsonschema
   libpcre2-dev
   libboost-dev curl nodejs
   prometheus

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <optional>
 #include <string>
 
@@ -30,6 +32,16 @@ inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
 inline int fail(const std::string& cmd, const std::string& msg, int status = 2) {
   std::fprintf(stderr, "%s: %s\n", cmd.c_str(), msg.c_str());
   return status;
+}
+
+// The whole file at `path` into `out`; false if it cannot be opened.
+inline bool read_file(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  out = ss.str();
+  return true;
 }
 
 }  // namespace serval::cli

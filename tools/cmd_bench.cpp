@@ -170,19 +170,22 @@ nlohmann::json to_json(const RunResult& r) {
 
 int cmd_bench(int argc, char** argv) {
   const std::string cmd = "serval bench";
-  if (argc >= 2 && std::string_view(argv[1]) == "http") {
-    std::string name = "serval bench http";
-    argv[1] = name.data();
-    return cmd_bench_http(argc - 1, argv + 1);
-  }
-  if (argc >= 2 && std::string_view(argv[1]) == "model") {
-    std::string name = "serval bench model";
-    argv[1] = name.data();
-    return cmd_bench_model(argc - 1, argv + 1);
+  // Subcommands with their own parsers: argv[0] becomes "serval bench NAME".
+  struct Delegate {
+    const char* name;
+    int (*run)(int, char**);
+  };
+  for (const Delegate& d : {Delegate{"http", cmd_bench_http}, Delegate{"model", cmd_bench_model},
+                            Delegate{"grammar", cmd_bench_grammar}}) {
+    if (argc >= 2 && std::string_view(argv[1]) == d.name) {
+      std::string name = "serval bench " + std::string(d.name);
+      argv[1] = name.data();
+      return d.run(argc - 1, argv + 1);
+    }
   }
   CLI::App app(
       "Benchmarks (also: serval bench http --url URL ... — load an OpenAI-compatible server; serval bench model "
-      "-m MODEL ... — llama-bench's pp/tg tests)",
+      "-m MODEL ... — llama-bench's pp/tg tests; serval bench grammar -m MODEL — constrained-decoding overhead)",
       cmd);
   app.require_subcommand(1);
   auto* tp = app.add_subcommand("throughput", "drive the engine directly with concurrent requests");

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "sampler/grammar/grammar.h"
+
 #include "cli_util.h"
 #include "load_model.h"
 #include "commands.h"
@@ -54,15 +56,24 @@ int cmd_run(int argc, char** argv) {
   app.add_flag("--verbose-prompt", verbose_prompt, "print the prompt's tokens on stderr");
   app.add_option("--kv-memory", kv_memory, "KV cache pool: bytes (512M, 2G) or a fraction of free RAM");
   app.add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
+  std::string grammar, grammar_file, json_schema, regex;
+  auto* g1 = app.add_option("--grammar", grammar, "constrain the output to this GBNF grammar (docs/STRUCTURED_OUTPUT.md)");
+  auto* g2 = app.add_option("--grammar-file", grammar_file, "read the GBNF grammar from a file")->excludes(g1);
+  auto* g3 = app.add_option("-j,--json-schema", json_schema, "constrain the output to JSON valid under this schema")
+                 ->excludes(g1)->excludes(g2);
+  app.add_option("--regex", regex, "constrain the output to full matches of this regex")
+      ->excludes(g1)->excludes(g2)->excludes(g3);
   if (auto rc = parse(app, argc, argv)) return *rc;
+  if (!grammar_file.empty() && !read_file(grammar_file, grammar))
+    return fail(cmd, "cannot read grammar file '" + grammar_file + "'");
+  Expected<GrammarPtr> constraint = GrammarPtr();
+  if (!grammar.empty()) constraint = compile_gbnf(grammar);
+  else if (!json_schema.empty()) constraint = compile_json_schema(json_schema);
+  else if (!regex.empty()) constraint = compile_regex(regex);
+  if (!constraint.ok()) return fail(cmd, constraint.status().message());
 
-  if (!prompt_file.empty()) {
-    std::ifstream in(prompt_file, std::ios::binary);
-    if (!in) return fail(cmd, "cannot read prompt file '" + prompt_file + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    prompt = ss.str();
-  }
+  if (!prompt_file.empty() && !read_file(prompt_file, prompt))
+    return fail(cmd, "cannot read prompt file '" + prompt_file + "'");
 
   auto loaded = load_model(cmd, model_path);
   if (!loaded) return 2;
@@ -87,6 +98,7 @@ int cmd_run(int argc, char** argv) {
   sp.stop = stops;
   sp.ignore_eos = ignore_eos;
   sp.logprobs = logprobs;
+  sp.grammar = *constraint;
   if (n_predict >= 0) sp.max_tokens = n_predict;
   if (n_predict == 0) return 0;
   if (Status st = sp.validate((int32_t)m.config().n_vocab); !st.ok()) return fail(cmd, st.message());

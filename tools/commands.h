@@ -9,6 +9,7 @@ int cmd_run(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_gguf(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_bench_grammar(int argc, char** argv);  // serval bench grammar
 int cmd_serve(int argc, char** argv);
 
 }  // namespace serval::cli

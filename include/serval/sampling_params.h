@@ -8,13 +8,14 @@
 //
 // Processing order of the logit processors (src/sampler/sampler.h has the
 // details):
-//   raw logits -> repetition/frequency/presence penalties -> logit_bias
+//   raw logits -> repetition/frequency/presence penalties -> logit_bias -> grammar mask
 //   -> temperature -> top_k -> typical_p -> top_p -> min_p -> sample
 // temperature == 0 is greedy: argmax of the penalised, biased logits.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ namespace serval {
 // A token id. The tokenizer declares the same alias; identical alias
 // declarations in one namespace are legal, so either header may come first.
 using TokenId = int32_t;
+
+// A compiled grammar (src/sampler/grammar/grammar.h); immutable and shared.
+class CompiledGrammar;
 
 // One logit_bias entry: `bias` is added to token `token`'s logit after the
 // penalties. A bias of exactly -100 (the lower limit) bans the token (its
@@ -83,6 +87,14 @@ struct SamplingParams {
   // 0 = off. They are log_softmax of the raw model logits (before penalties,
   // bias, temperature and truncation), as OpenAI and vLLM report by default.
   int32_t logprobs = 0;
+
+  // --- structured output ------------------------------------------------------
+  // When set, every sampled token keeps the output a prefix of a sentence of
+  // this grammar (disallowed tokens get -inf after logit_bias), and
+  // end-of-generation is allowed only where the grammar may end. Each
+  // sequence (each of the n samples) keeps its own matcher state. Built by
+  // compile_gbnf / compile_json_schema / ... (src/sampler/grammar/grammar.h).
+  std::shared_ptr<const CompiledGrammar> grammar;
 
   // Range-checks every field against the documented limits for a model with
   // n_vocab tokens. The message names the field and the expected vs actual

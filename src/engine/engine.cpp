@@ -10,6 +10,7 @@
 
 #include "common/thread_pool.h"
 #include "engine/runner.h"
+#include "engine/token_trie_for.h"
 #include "kv_cache/kv_cache_manager.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
@@ -120,6 +121,8 @@ struct Engine::Impl {
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StreamingDetokenizer> detok;
     std::unique_ptr<StopMatcher> stop;
+    std::unique_ptr<GrammarMatcher> grammar;  // params.grammar's state for this sequence
+    std::vector<uint64_t> grammar_mask;       // scratch: allowed tokens
     int32_t n_generated = 0;
     int64_t cached_prompt_tokens = -1;  // start_pos of the first scheduled chunk: the prefix-cache hit
     bool finished = false;
@@ -143,6 +146,7 @@ struct Engine::Impl {
   Tokenizer tok;
   EngineConfig cfg;
   std::vector<TokenId> eog;
+  std::shared_ptr<const TokenTrie> token_trie;  // built on the first grammar request
 
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<KvStorage> storage;
@@ -181,6 +185,8 @@ struct Engine::Impl {
   void after_step(const SchedulerOutput& out, const std::vector<float>& logits, int64_t step_start_ns);
   void record_step_timing(const SchedulerOutput& out, int64_t step_start_ns, int64_t step_end_ns);
   void publish_stats();
+  void init_seq(SeqState& ss, RequestState& rs, int32_t index, const SamplingParams& p);
+  TokenId sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history);
 
   static RequestTiming timing_of(const SeqState& ss, int64_t finished_ns) {
     RequestTiming t;
@@ -194,6 +200,28 @@ struct Engine::Impl {
     return t;
   }
 };
+
+// A new sequence's sampler, detokenizer, stop matcher and grammar state.
+void Engine::Impl::init_seq(SeqState& ss, RequestState& rs, int32_t index, const SamplingParams& p) {
+  ss.req = &rs;
+  ss.index = index;
+  ss.sampler = std::make_unique<Sampler>(p, (int32_t)model->config().n_vocab);
+  ss.detok = std::make_unique<StreamingDetokenizer>(tok);
+  ss.stop = std::make_unique<StopMatcher>(p.stop);
+  if (p.grammar) {
+    if (!token_trie) token_trie = token_trie_for(tok);
+    ss.grammar = std::make_unique<GrammarMatcher>(p.grammar, token_trie);
+  }
+}
+
+// Samples under the sequence's grammar (if any) and advances its state.
+TokenId Engine::Impl::sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history) {
+  if (!ss.grammar) return ss.sampler->sample(logits, history);
+  ss.grammar->fill_mask(ss.grammar_mask);
+  const TokenId t = ss.sampler->sample(logits, history, ss.grammar_mask);
+  ss.grammar->accept_token(t);
+  return t;
+}
 
 void Engine::Impl::fail_request(RequestState& rs, const Status& st) {
   OutputEvent ev;
@@ -228,11 +256,7 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   rs->seqs[0] = id;
   rs->n_open = rs->req.n;
   SeqState ss;
-  ss.req = rs.get();
-  ss.index = 0;
-  ss.sampler = std::make_unique<Sampler>(rs->req.params, (int32_t)model->config().n_vocab);
-  ss.detok = std::make_unique<StreamingDetokenizer>(tok);
-  ss.stop = std::make_unique<StopMatcher>(rs->req.params.stop);
+  init_seq(ss, *rs, 0, rs->req.params);
   seqs.emplace(id, std::move(ss));
   {
     std::lock_guard<std::mutex> lk(stats_mu);
@@ -315,7 +339,7 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
     ++row;
     SeqState& ss = seqs.at(s.seq);
     const auto& history = sched->tokens(s.seq);
-    const TokenId t = ss.sampler->sample(lg, history);
+    const TokenId t = sample_seq(ss, lg, history);
     sampled.push_back({s.seq, t});
     (void)lps;
   }
@@ -340,15 +364,11 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
     for (int32_t i = 1; i < rs.req.n; ++i) {
       const SeqId child = next_seq++;
       SeqState cs;
-      cs.req = &rs;
-      cs.index = i;
       SamplingParams p = rs.req.params;
       if (p.seed) p.seed = *p.seed + (uint64_t)i;  // distinct but reproducible streams
-      cs.sampler = std::make_unique<Sampler>(p, (int32_t)n_vocab);
-      cs.detok = std::make_unique<StreamingDetokenizer>(tok);
-      cs.stop = std::make_unique<StopMatcher>(p.stop);
+      init_seq(cs, rs, i, p);  // a fresh grammar state: the child's first token is drawn here
       std::vector<TokenId> history(rs.req.prompt);
-      const TokenId ct = cs.sampler->sample(lg, history);
+      const TokenId ct = sample_seq(cs, lg, history);
       sched->fork(sid, child, ct);  // shares the parent's blocks; its own first token
       rs.seqs[(size_t)i] = child;
       seqs.emplace(child, std::move(cs));

@@ -32,7 +32,8 @@ Expected<Sampler> Sampler::create(SamplingParams params, int32_t n_vocab) {
 }
 
 std::span<const Candidate> Sampler::distribution(std::span<const float> logits,
-                                                 std::span<const TokenId> history) {
+                                                 std::span<const TokenId> history,
+                                                 std::span<const uint64_t> allowed) {
   SERVAL_ASSERT(logits.size() == static_cast<size_t>(n_vocab_));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   auto& items = set_.items;
@@ -53,6 +54,11 @@ std::span<const Candidate> Sampler::distribution(std::span<const float> logits,
                     params_.presence_penalty, counts_);
   }
   if (!params_.logit_bias.empty()) apply_logit_bias(logits_, params_.logit_bias);
+  if (!allowed.empty()) {
+    SERVAL_ASSERT(allowed.size() * 64 >= logits_.size());
+    for (size_t t = 0; t < logits_.size(); ++t)
+      if (!((allowed[t >> 6] >> (t & 63)) & 1)) logits_[t] = kNegInf;
+  }
 
   // 4: greedy.
   if (is_greedy()) {
@@ -99,8 +105,9 @@ TokenId Sampler::pick(std::span<const Candidate> dist, double u) {
   return dist.back().token;
 }
 
-TokenId Sampler::sample(std::span<const float> logits, std::span<const TokenId> history) {
-  std::span<const Candidate> dist = distribution(logits, history);
+TokenId Sampler::sample(std::span<const float> logits, std::span<const TokenId> history,
+                        std::span<const uint64_t> allowed) {
+  std::span<const Candidate> dist = distribution(logits, history, allowed);
   if (is_greedy()) return dist.front().token;
   // Exactly one draw per non-greedy call, even when the distribution has a
   // single token, so the Rng's position depends only on the call count.

@@ -4,7 +4,8 @@
 //   1. copy the raw logits (NaN -> -inf, +inf -> FLT_MAX)
 //   2. repetition / frequency / presence penalties over the window: the last
 //      penalty_last_n tokens of `history` (-1: all of it, 0: none)
-//   3. logit_bias (-100 bans)
+//   3. logit_bias (-100 bans), then the grammar mask when one is given
+//      (disallowed tokens -> -inf)
 //   4. temperature; temperature < 1e-5 is greedy: the distribution is the
 //      argmax of steps 1-3 with probability 1 (lowest token id wins ties),
 //      and steps 5-8 are skipped (they only matter for random sampling)
@@ -64,7 +65,10 @@ class Sampler {
 
   // The next token for logits [n_vocab]. Advances the Rng by one draw unless
   // greedy.
-  TokenId sample(std::span<const float> logits, std::span<const TokenId> history);
+  // `allowed`: empty, or a bitset over the vocabulary (bit t of word t/64)
+  // of the tokens a grammar allows (GrammarMatcher::fill_mask).
+  TokenId sample(std::span<const float> logits, std::span<const TokenId> history,
+                 std::span<const uint64_t> allowed = {});
 
   // The final normalised distribution (token, prob > 0) after every
   // processor, in a deterministic order that does not depend on the standard
@@ -72,7 +76,8 @@ class Sampler {
   // up to float rounding. The span points into this Sampler's buffer and is
   // valid until the next sample()/distribution() call. Does not touch the Rng.
   std::span<const Candidate> distribution(std::span<const float> logits,
-                                          std::span<const TokenId> history);
+                                          std::span<const TokenId> history,
+                                          std::span<const uint64_t> allowed = {});
 
   // The token at u in [0, 1) of `dist` (inverse CDF in the given order).
   static TokenId pick(std::span<const Candidate> dist, double u);

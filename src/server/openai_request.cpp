@@ -2,26 +2,13 @@
 
 #include <cmath>
 
+#include "common/json_depth.h"
+
 namespace serval::server {
 
 using json = nlohmann::ordered_json;
 
-int json_depth(std::string_view text) {
-  int depth = 0, max_depth = 0;
-  bool in_str = false, esc = false;
-  for (char c : text) {
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-      continue;
-    }
-    if (c == '"') in_str = true;
-    else if (c == '[' || c == '{') max_depth = std::max(max_depth, ++depth);
-    else if (c == ']' || c == '}') --depth;
-  }
-  return max_depth;
-}
+int json_depth(std::string_view text) { return json_nesting_depth(text); }
 
 namespace {
 
@@ -217,6 +204,13 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
       return bad_request("suffix: not supported", "suffix");
   }
   if (rd.err) return *rd.err;
+  {
+    static GrammarCache default_cache;
+    auto so = parse_structured_output(j, chat, ctx.grammar_cache ? *ctx.grammar_cache : default_cache);
+    if (auto* e = std::get_if<ApiError>(&so)) return *e;
+    p.grammar = std::get<StructuredOutput>(so).grammar;
+    r.tools = std::get<StructuredOutput>(so).tools;
+  }
   // The sampler computes the chosen token's logprob always; top-n only when asked.
   p.logprobs = r.logprobs ? std::max<int32_t>(r.top_logprobs, 1) : 0;
 

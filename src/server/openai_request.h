@@ -12,6 +12,7 @@
 
 #include "serval/engine.h"
 #include "server/api_error.h"
+#include "server/structured_output.h"
 #include "tokenizer/chat_template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -38,6 +39,7 @@ struct ParsedRequest {
   bool logprobs = false;       // chat: logprobs: true; completions: logprobs given
   int32_t top_logprobs = 0;
   int32_t priority = 0;
+  ToolMode tools = ToolMode::off;  // how to read the output (structured_output.h)
 };
 
 struct ParseContext {
@@ -47,6 +49,7 @@ struct ParseContext {
   int64_t n_vocab = 0;
   int64_t max_model_len = 0;
   ApiLimits limits;
+  GrammarCache* grammar_cache = nullptr;  // compiled grammars; null: a process-wide default
 };
 
 // Maximum nesting depth of a JSON text (brackets outside strings), computed

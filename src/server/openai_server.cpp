@@ -51,6 +51,8 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     std::string finish;
     bool role_sent = false;
     int64_t completion_tokens = 0;
+    size_t streamed = 0;  // bytes of `text` already sent (tool mode holds a possible call back)
+    std::optional<json> tool_call;  // the OpenAI tool_calls entry when the output is a call
   };
 
   OpenAiServer* srv = nullptr;
@@ -138,6 +140,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     obs->on_event(stream_idx, ci, ev);
     if (ev.finish != FinishReason::none) {
       c.finish = finish_reason_name(ev.finish);
+      if (req.tools != ToolMode::off && ev.finish == FinishReason::stop) {
+        c.tool_call = parse_tool_call(c.text, random_id("call"));
+        if (c.tool_call) c.finish = "tool_calls";
+      }
       if (ev.index == 0) cached_tokens += ev.cached_prompt_tokens;
     }
     if (req.stream) {
@@ -149,7 +155,21 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
           delta["role"] = "assistant";
           c.role_sent = true;
         }
-        if (!ev.text.empty() || delta.contains("role")) delta["content"] = ev.text;
+        // With tools, text that may be a call is held back until it is complete.
+        const bool hold = req.tools == ToolMode::required ||
+                          (req.tools == ToolMode::optional && (c.text.empty() || c.text[0] == '{'));
+        std::string text;
+        const bool call = ev.finish != FinishReason::none && c.tool_call;
+        if (call) {
+          json tc = *c.tool_call;
+          tc["index"] = 0;
+          delta["tool_calls"] = json::array({tc});
+          c.streamed = c.text.size();
+        } else if (!hold || ev.finish != FinishReason::none) {
+          text = c.text.substr(c.streamed);
+          c.streamed = c.text.size();
+        }
+        if (!text.empty() || (delta.contains("role") && !call)) delta["content"] = text;
         choice["delta"] = delta;
       } else {
         choice["text"] = ev.text;
@@ -157,7 +177,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       choice["logprobs"] = lp;
       choice["finish_reason"] = ev.finish == FinishReason::none ? json(nullptr) : json(c.finish);
       chunk["choices"] = json::array({choice});
-      if (!ev.text.empty() || ev.finish != FinishReason::none || !lp.is_null() || req.chat) write_event(chunk);
+      const bool empty_delta = req.chat && choice["delta"].empty();  // e.g. a tool call held back
+      if ((!ev.text.empty() || ev.finish != FinishReason::none || !lp.is_null() || req.chat) &&
+          !(empty_delta && ev.finish == FinishReason::none && lp.is_null()))
+        write_event(chunk);
     }
   }
 
@@ -197,6 +220,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
         json ch_json = {{"index", i}};
         if (req.chat) {
           ch_json["message"] = {{"role", "assistant"}, {"content", c.text}};
+          if (c.tool_call) {
+            ch_json["message"]["content"] = nullptr;
+            ch_json["message"]["tool_calls"] = json::array({*c.tool_call});
+          }
           ch_json["logprobs"] = req.logprobs ? json{{"content", c.logprobs_content}} : json(nullptr);
         } else {
           std::string text = req.echo ? req.prompt_texts[i / (size_t)req.n] + c.text : c.text;
@@ -262,6 +289,7 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   s->parse_ctx_.n_vocab = info.n_vocab;
   s->parse_ctx_.max_model_len = info.max_model_len;
   s->parse_ctx_.limits = s->cfg_.limits;
+  s->parse_ctx_.grammar_cache = &s->grammar_cache_;
   s->cfg_.observability.model_name = s->cfg_.model_name;
   auto obs = Observability::create(s->cfg_.observability);
   if (!obs.ok()) return obs.status();

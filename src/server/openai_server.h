@@ -74,6 +74,7 @@ class OpenAiServer {
   Engine& engine_;
   ServerConfig cfg_;
   std::optional<ChatTemplate> chat_template_;
+  GrammarCache grammar_cache_;
   ParseContext parse_ctx_;
   std::atomic<bool> draining_{false};
   std::atomic<size_t> inflight_requests_{0};

@@ -429,4 +429,25 @@ TEST(LargeVocabulary, ReusesItsBuffer) {
 }
 
 }  // namespace
+TEST(GrammarMask, OnlyAllowedTokensAreSampled) {
+  const int32_t n = 200;
+  std::vector<float> logits(n);
+  for (int32_t i = 0; i < n; ++i) logits[(size_t)i] = (float)(i % 17) * 0.3f;
+  std::vector<uint64_t> allowed((n + 63) / 64, 0);
+  for (TokenId t : {3, 64, 130, 199}) allowed[(size_t)t / 64] |= 1ull << (t % 64);
+  SamplingParams p;
+  p.seed = 5;
+  Sampler s(p, n);
+  std::map<TokenId, int> seen;
+  for (int i = 0; i < 400; ++i) ++seen[s.sample(logits, {}, allowed)];
+  for (auto [t, c] : seen) EXPECT_TRUE(t == 3 || t == 64 || t == 130 || t == 199) << t;
+  EXPECT_EQ(seen.size(), 4u);  // every allowed token has mass
+  SamplingParams g;
+  g.temperature = 0;
+  Sampler greedy(g, n);
+  // Unmasked argmax is token 16 (logit 4.8); among the allowed, 64 % 17 = 13 is the largest.
+  EXPECT_EQ(greedy.sample(logits, {}), 16);
+  EXPECT_EQ(greedy.sample(logits, {}, allowed), 64);
+}
+
 }  // namespace serval

@@ -1,0 +1,198 @@
+#include "server/structured_output.h"
+
+#include <variant>
+
+namespace serval::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr size_t kMaxTools = 128;
+constexpr size_t kMaxChoices = 1024;
+
+ApiError grammar_error(const Status& st, const std::string& param) {
+  return bad_request(param + ": " + st.message(), param, "invalid_grammar");
+}
+
+// Tool calls as one JSON Schema: anyOf {"name": const, "arguments": parameters}.
+// Each tool's $defs / definitions move to the root so its local refs resolve.
+std::variant<json, ApiError> tools_schema(const json& tools, const std::string& only) {
+  json any = json::array();
+  json defs = json::object();
+  for (const json& t : tools) {
+    const json& fn = t["function"];
+    const std::string name = fn["name"].get<std::string>();
+    if (!only.empty() && name != only) continue;
+    json params = fn.contains("parameters") && !fn["parameters"].is_null()
+                      ? fn["parameters"]
+                      : json{{"type", "object"}, {"properties", json::object()}};
+    if (!params.is_object()) return bad_request("tools: function '" + name + "': parameters must be an object", "tools");
+    for (const char* key : {"$defs", "definitions"}) {
+      if (!params.contains(key)) continue;
+      if (!params[key].is_object()) return bad_request(std::string("tools: ") + key + " must be an object", "tools");
+      for (auto& [k, v] : params[key].items()) {
+        if (defs.contains(k) && defs[k] != v)
+          return bad_request("tools: two tools define '" + k + "' differently in $defs", "tools");
+        defs[k] = v;
+      }
+      params.erase(key);
+    }
+    any.push_back({{"type", "object"},
+                   {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
+                   {"required", {"name", "arguments"}}});
+  }
+  if (any.empty()) return bad_request("tool_choice: no tool named '" + only + "' in tools", "tool_choice");
+  json schema = {{"anyOf", any}};
+  if (!defs.empty()) {
+    schema["$defs"] = defs;
+    schema["definitions"] = defs;
+  }
+  return schema;
+}
+
+std::optional<ApiError> check_tools(const json& tools) {
+  if (!tools.is_array() || tools.empty()) return bad_request("tools: expected a non-empty array", "tools");
+  if (tools.size() > kMaxTools) return bad_request("tools: at most " + std::to_string(kMaxTools) + " tools", "tools");
+  for (const json& t : tools) {
+    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object())
+      return bad_request("tools: each tool must be {\"type\": \"function\", \"function\": {...}}", "tools");
+    const json& fn = t["function"];
+    if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty())
+      return bad_request("tools: each function needs a non-empty string 'name'", "tools");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<StructuredOutput, ApiError> parse_structured_output(const json& body, bool chat, GrammarCache& cache) {
+  StructuredOutput out;
+  auto get = [&](const char* key) -> const json* {
+    auto it = body.find(key);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  // Each source: (param name, cache key, compile).
+  struct Source {
+    std::string param, key;
+    std::function<Expected<GrammarPtr>()> compile;
+  };
+  std::vector<Source> sources;
+  auto string_field = [&](const char* key, const char* kind, Expected<GrammarPtr> (*fn)(std::string_view, const GrammarLimits&))
+      -> std::optional<ApiError> {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) return bad_request(std::string(key) + ": expected a string", key);
+    std::string text = v->get<std::string>();
+    sources.push_back({key, std::string(kind) + '\0' + text, [fn, text] { return fn(text, GrammarLimits{}); }});
+    return std::nullopt;
+  };
+  auto gbnf = [](std::string_view t, const GrammarLimits& l) { return compile_gbnf(t, l); };
+  auto regex = [](std::string_view t, const GrammarLimits& l) { return compile_regex(t, l); };
+  for (const char* key : {"grammar", "guided_grammar"})
+    if (auto e = string_field(key, "gbnf", +gbnf)) return *e;
+  for (const char* key : {"regex", "guided_regex"})
+    if (auto e = string_field(key, "regex", +regex)) return *e;
+  for (const char* key : {"choice", "guided_choice"}) {
+    const json* v = get(key);
+    if (!v) continue;
+    if (!v->is_array() || v->empty() || v->size() > kMaxChoices)
+      return bad_request(std::string(key) + ": expected an array of 1 to " + std::to_string(kMaxChoices) + " strings", key);
+    std::vector<std::string> choices;
+    for (const json& c : *v) {
+      if (!c.is_string()) return bad_request(std::string(key) + ": expected an array of strings", key);
+      choices.push_back(c.get<std::string>());
+    }
+    sources.push_back({key, "choice\0" + v->dump(), [choices] { return compile_choice(choices); }});
+  }
+  auto schema_source = [&](const std::string& param, const json& schema) {
+    const std::string text = schema.dump();
+    sources.push_back({param, "schema\0" + text, [text] { return compile_json_schema(text); }});
+  };
+  if (const json* v = get("guided_json")) schema_source("guided_json", *v);
+  if (const json* rf = get("response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      return bad_request("response_format: expected an object with a string 'type'", "response_format");
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type == "json_object") {
+      sources.push_back({"response_format", "json_object", [] { return compile_json_object(); }});
+    } else if (type == "json_schema") {
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object())
+        return bad_request("response_format.json_schema: expected an object {name, schema, strict}", "response_format");
+      if (js->contains("name") && !(*js)["name"].is_string())
+        return bad_request("response_format.json_schema.name: expected a string", "response_format");
+      if (js->contains("strict") && !(*js)["strict"].is_null() && !(*js)["strict"].is_boolean())
+        return bad_request("response_format.json_schema.strict: expected a boolean", "response_format");
+      auto sc = js->find("schema");
+      if (sc == js->end() || !(sc->is_object() || sc->is_boolean()))
+        return bad_request("response_format.json_schema.schema: expected a JSON Schema object", "response_format");
+      schema_source("response_format", *sc);
+    } else if (type != "text") {
+      return bad_request("response_format.type: expected 'text', 'json_object' or 'json_schema', got '" + type + "'",
+                         "response_format");
+    }
+  }
+  if (const json* tools = get("tools")) {
+    if (!chat) return bad_request("tools: only supported on /v1/chat/completions", "tools");
+    if (auto e = check_tools(*tools)) return *e;
+    std::string mode = "auto", only;
+    if (const json* tc = get("tool_choice")) {
+      if (tc->is_string()) {
+        mode = tc->get<std::string>();
+        if (mode != "auto" && mode != "none" && mode != "required")
+          return bad_request("tool_choice: expected 'auto', 'none', 'required' or {\"type\": \"function\", ...}, got '" +
+                                 mode + "'",
+                             "tool_choice");
+      } else if (tc->is_object() && tc->value("type", "") == "function" && tc->contains("function") &&
+                 (*tc)["function"].is_object() && (*tc)["function"].contains("name") &&
+                 (*tc)["function"]["name"].is_string()) {
+        mode = "required";
+        only = (*tc)["function"]["name"].get<std::string>();
+      } else {
+        return bad_request("tool_choice: expected 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                           "tool_choice");
+      }
+    }
+    if (mode != "none") {
+      auto schema = tools_schema(*tools, only);
+      if (auto* e = std::get_if<ApiError>(&schema)) return *e;
+      const std::string text = std::get<json>(schema).dump();
+      const bool optional = mode == "auto";
+      out.tools = optional ? ToolMode::optional : ToolMode::required;
+      sources.push_back({"tools", std::string("tools\0", 6) + mode + '\0' + text, [text, optional]() -> Expected<GrammarPtr> {
+                           if (!optional) return compile_json_schema(text);
+                           auto g = json_schema_to_gbnf(text);
+                           if (!g.ok()) return g.status();
+                           // A call, or text that does not start with '{'.
+                           std::string src = "root ::= tool-call | auto-text\nauto-text ::= ([^{] .*)?\ntool-call" +
+                                             g->substr(4);
+                           return compile_gbnf(src);
+                         }});
+    }
+  } else if (get("tool_choice")) {
+    const json* tc = get("tool_choice");
+    if (!(tc->is_string() && (tc->get<std::string>() == "none" || tc->get<std::string>() == "auto")))
+      return bad_request("tool_choice: requires tools", "tool_choice");
+  }
+  if (sources.empty()) return out;
+  if (sources.size() > 1)
+    return bad_request("only one of response_format (json), grammar, regex, choice and tools may constrain the output; got " +
+                           sources[0].param + " and " + sources[1].param,
+                       sources[1].param);
+  auto g = cache.get(sources[0].key, sources[0].compile);
+  if (!g.ok()) return grammar_error(g.status(), sources[0].param);
+  out.grammar = *g;
+  return out;
+}
+
+std::optional<json> parse_tool_call(const std::string& text, const std::string& id) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments"))
+    return std::nullopt;
+  return json{{"id", id},
+              {"type", "function"},
+              {"function", {{"name", j["name"]}, {"arguments", j["arguments"].dump()}}}};
+}
+
+}  // namespace serval::server
