@@ -18,8 +18,12 @@ struct ScheduledSeq {
   int64_t start_pos = 0;              // == the sequence's num_computed_tokens before the step
   int32_t n_tokens = 0;               // >= 1
   std::vector<TokenId> tokens;        // the n_tokens token ids to feed
-  std::vector<BlockId> block_table;   // covers positions [0, start_pos + n_tokens)
+  std::vector<BlockId> block_table;   // covers positions [0, start_pos + n_tokens + n_draft)
   bool needs_logits = false;          // the chunk reaches the end of the known tokens: sample after it
+  // Speculative decoding: up to n_draft drafted tokens may follow the chunk
+  // (positions start_pos + n_tokens ...), verified in the same forward with
+  // logits at each of them. Only for a decode (n_tokens == 1, needs_logits).
+  int32_t n_draft = 0;
 };
 
 struct SchedulerOutput {
@@ -34,7 +38,7 @@ struct SchedulerOutput {
   std::vector<BlockSwap> swap_out;    // device -> host
   std::vector<BlockSwap> swap_in;     // host -> device
   std::vector<SeqId> preempted;       // sequences preempted in this step (not in `seqs`)
-  int32_t n_tokens = 0;               // sum of seqs[i].n_tokens (<= the token budget)
+  int32_t n_tokens = 0;               // sum of seqs[i].n_tokens + n_draft (<= the token budget)
 };
 
 }  // namespace serval
