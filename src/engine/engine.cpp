@@ -642,12 +642,12 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   sc.enable_chunked_prefill = cfg.enable_chunked_prefill;
   sc.preemption = n_host > 0 ? SchedulerConfig::Preemption::swap : SchedulerConfig::Preemption::recompute;
   sc.aging_per_step = cfg.aging_per_step;
-  SERVAL_RETURN_IF_ERROR(Scheduler::validate(sc));
-  impl->sched = std::make_unique<Scheduler>(sc, impl->kv.get());
   if (cfg.spec.mode != SpecConfig::Mode::none) {
     sc.draft_max = cfg.spec.draft_max;
     sc.draft_min = cfg.spec.draft_min;
   }
+  SERVAL_RETURN_IF_ERROR(Scheduler::validate(sc));
+  impl->sched = std::make_unique<Scheduler>(sc, impl->kv.get());
   impl->runner = std::make_unique<Runner>(m, *impl->storage, impl->pool.get(), draft, impl->draft_storage.get());
   for (TokenId t = 0; t < impl->tok.n_vocab(); ++t)
     if (impl->tok.is_eog(t)) impl->eog.push_back(t);
