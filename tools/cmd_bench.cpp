@@ -82,6 +82,33 @@ std::vector<std::vector<TokenId>> build_prompts(const Tokenizer& tok, int n_requ
   return prompts;
 }
 
+// Input-grounded prompts: each prompt S becomes S + G + S, where G is the
+// target's own greedy continuation of S (gen_len tokens), so a continuation
+// that copies from its input reproduces G.
+void make_grounded(const std::shared_ptr<const Model>& model, const Tokenizer& tok, EngineConfig ecfg,
+                   std::vector<std::vector<TokenId>>* prompts, int gen_len) {
+  ecfg.spec = SpecConfig{};
+  auto engine = Engine::create(model, tok, ecfg);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "serval bench: %s\n", engine.status().message().c_str());
+    std::exit(2);
+  }
+  for (auto& p : *prompts) {
+    Request r;
+    r.prompt = p;
+    r.params.temperature = 0;
+    r.params.max_tokens = gen_len;
+    r.params.ignore_eos = true;
+    auto st = (*engine)->submit(std::move(r));
+    std::vector<TokenId> g;
+    OutputEvent ev;
+    while (st.ok() && (*st)->next(&ev) && ev.error.ok()) g.insert(g.end(), ev.tokens.begin(), ev.tokens.end());
+    const std::vector<TokenId> s = p;
+    p.insert(p.end(), g.begin(), g.end());
+    p.insert(p.end(), s.begin() + (tok.bos() >= 0 && s.front() == tok.bos() ? 1 : 0), s.end());
+  }
+}
+
 RunResult run_once(const std::shared_ptr<const Model>& model, const Tokenizer& tok, const EngineConfig& ecfg,
                    const std::vector<std::vector<TokenId>>& prompts, int concurrency, int gen_len) {
   const int n_requests = (int)prompts.size();
@@ -230,6 +257,10 @@ int cmd_bench(int argc, char** argv) {
   tp->add_option("--seed", seed, "prompt seed");
   std::string prompt_file;
   int repeat = 1;
+  bool grounded = false;
+  tp->add_flag("--grounded", grounded,
+               "input-grounded prompts: each prompt P becomes P + G + P, G = the model's greedy continuation of P "
+               "(--gen-len tokens), so copying from the input pays");
   tp->add_option("--prompt-file", prompt_file, "every request's prompt is this text (with BOS); overrides --prompt-len");
   tp->add_option("--repeat", repeat, "runs per configuration; the median run (by gen tok/s) is reported")
       ->check(CLI::Range(1, 100));
@@ -281,11 +312,14 @@ int cmd_bench(int argc, char** argv) {
   ec.block_size = block_size;
   ec.max_batch_tokens = max_batch_tokens;
   ec.max_seqs = max_seqs;
-  ec.max_model_len = std::min<int64_t>(m->config().n_ctx_train, std::max(4096, prompt_len + gen_len + 1));
-  if (prompt_len + gen_len > ec.max_model_len)
-    return fail(cmd, "--prompt-len + --gen-len exceeds the model's context of " + std::to_string(ec.max_model_len));
+  const int total_len = grounded ? 2 * prompt_len + 2 * gen_len : prompt_len + gen_len;
+  ec.max_model_len = std::min<int64_t>(m->config().n_ctx_train, std::max(4096, total_len + 1));
+  if (total_len > ec.max_model_len)
+    return fail(cmd, "the prompt and --gen-len tokens (twice each with --grounded) exceed the model's context of " +
+                         std::to_string(ec.max_model_len));
 
-  const auto prompts = build_prompts(*tok, n_requests, prompt_len, shared_prefix, seed, file_prompt);
+  auto prompts = build_prompts(*tok, n_requests, prompt_len, shared_prefix, seed, file_prompt);
+  if (grounded) make_grounded(m, *tok, ec, &prompts, gen_len);
   EngineConfig spec_ec = ec;
   spec_ec.spec = spec_cfg;
   // The median of `repeat` runs of one configuration, by gen tok/s.

@@ -17,7 +17,7 @@ namespace serval::cli {
 struct SpecFlags {
   std::string mode = "none";
   std::string draft_model;
-  int32_t draft_max = 5, draft_min = 1, ngram_min = 1, ngram_max = 4;
+  int32_t draft_max = 5, draft_min = 0, ngram_min = 1, ngram_max = 4;
 
   void add_to(CLI::App& app) {
     app.add_option("--spec", mode, "speculative decoding: none, ngram (prompt lookup) or draft (--draft-model)")

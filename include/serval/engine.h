@@ -40,7 +40,7 @@ struct SpecConfig {
   Mode mode = Mode::none;
   std::shared_ptr<const Model> draft_model;  // Mode::draft_model; must share the target's vocabulary
   int32_t draft_max = 5;  // most drafted tokens per sequence and step (1..64)
-  int32_t draft_min = 1;  // shorter n-gram drafts are not verified; floor of the adaptive draft length
+  int32_t draft_min = 0;  // shorter n-gram drafts are not verified; floor of the adaptive length (0: may pause)
   int32_t ngram_min = 1, ngram_max = 4;  // n-gram sizes tried, longest first (1..64)
 };
 

@@ -138,6 +138,7 @@ int32_t Scheduler::draft_len(SeqId seq) const {
   if (!s.speculate) return 0;
   const int32_t lo = std::max(1, cfg_.draft_min);
   if (s.accepted_mean < 0) return cfg_.draft_max;
+  if (cfg_.draft_min == 0 && s.accepted_mean < kPauseBelowAccepted && s.decodes_without_draft < kProbeEvery) return 0;
   const auto k = static_cast<int64_t>(std::ceil(s.accepted_mean - 1e-9)) + 1;
   return static_cast<int32_t>(std::clamp<int64_t>(k, lo, cfg_.draft_max));
 }
@@ -332,6 +333,7 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const SeqAdvance> a
     // Rollback: blocks past the accepted tokens hold only rejected drafts (or
     // unused draft slots); without drafts this releases nothing.
     kv_->truncate(s->id, s->num_computed);
+    s->decodes_without_draft = a.n_drafted > 0 ? 0 : s->decodes_without_draft + 1;
     if (a.n_drafted > 0) {
       constexpr double kDecay = 0.7;  // weight of the history in the running mean
       const auto acc = static_cast<double>(n_accepted);

@@ -69,9 +69,13 @@ struct SchedulerConfig {
   // k = clamp(ceil(mean accepted drafts per step) + 1, max(1, draft_min),
   // draft_max), starting at draft_max, also capped by the budget left and by
   // max_total_tokens. A seq whose blocks for k drafts are not free decodes
-  // without drafts rather than preempting anyone.
+  // without drafts rather than preempting anyone. With draft_min == 0, a seq
+  // whose running mean falls below kPauseBelowAccepted accepted drafts per
+  // verification stops drafting (k = 0) and probes again with a draft after
+  // kProbeEvery decodes without one: drafts that are mostly rejected cost
+  // more than they save.
   int32_t draft_max = 0;
-  int32_t draft_min = 1;
+  int32_t draft_min = 0;
 };
 
 struct SeqRequest {
@@ -97,6 +101,8 @@ class Scheduler {
   enum class SeqState { waiting, running, swapped };
 
   static constexpr int32_t kMaxDraft = 64;  // bound on draft_max
+  static constexpr double kPauseBelowAccepted = 0.3;
+  static constexpr int32_t kProbeEvery = 8;
   static Status validate(const SchedulerConfig& cfg);
   // cfg must be valid (asserted); kv is not owned.
   Scheduler(SchedulerConfig cfg, KvCacheManager* kv);
@@ -168,6 +174,7 @@ class Scheduler {
     uint64_t scheduled_step = UINT64_MAX;  // the step it was last scheduled in
     bool speculate = false;
     double accepted_mean = -1;  // running mean of accepted drafts per verify; < 0: none yet
+    int32_t decodes_without_draft = 0;
   };
 
   Seq& get(SeqId id);

@@ -628,6 +628,30 @@ TEST(SchedulerSpec, DraftLengthAdaptsAndRespectsLimits) {
   EXPECT_EQ(h.kv->n_free_blocks(), 64);
 }
 
+TEST(SchedulerSpec, UselessDraftsPauseAndProbe) {
+  SchedulerConfig c = config(64);
+  c.draft_max = 4;
+  c.draft_min = 0;
+  Harness h(64, 4, c);
+  h.add(req(1, range(1, 4), 200));
+  spec_step(h, 0);  // prefill
+  SchedulerOutput out = spec_step(h, 0);
+  EXPECT_EQ(out.seqs[0].n_draft, 4);
+  // Nothing accepted: the running mean drops below the pause threshold, then
+  // one probe draft per kProbeEvery decodes.
+  std::vector<int32_t> ks;
+  for (int i = 0; i < 3 * (Scheduler::kProbeEvery + 1); ++i) ks.push_back(spec_step(h, 0).seqs[0].n_draft);
+  std::vector<int32_t> want;
+  for (int r = 0; r < 3; ++r) {
+    want.insert(want.end(), Scheduler::kProbeEvery, 0);
+    want.push_back(1);  // a probe: ceil(mean 0) + 1
+  }
+  EXPECT_EQ(ks, want);
+  // Probes that succeed bring speculation back.
+  for (int i = 0; i < 3 * (Scheduler::kProbeEvery + 1); ++i) spec_step(h, 100);
+  EXPECT_GE(h.s->draft_len(1), 2);
+}
+
 TEST(SchedulerSpec, BudgetAndMemoryLimitDrafts) {
   SchedulerConfig c = config(3);
   c.draft_max = 8;
