@@ -645,6 +645,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   if (cfg.spec.mode != SpecConfig::Mode::none) {
     sc.draft_max = cfg.spec.draft_max;
     sc.draft_min = cfg.spec.draft_min;
+    sc.track_draft_kv = cfg.spec.mode == SpecConfig::Mode::draft_model;
   }
   SERVAL_RETURN_IF_ERROR(Scheduler::validate(sc));
   impl->sched = std::make_unique<Scheduler>(sc, impl->kv.get());

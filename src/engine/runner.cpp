@@ -39,11 +39,17 @@ Status Runner::draft(const SchedulerOutput& out, const DraftPick& pick, std::vec
       const ScheduledSeq& s = out.seqs[i];
       if (s.n_draft <= j) continue;
       SERVAL_ASSERT(s.needs_logits);
-      // Round 0 feeds the whole chunk (normally the one decode token).
-      if (j == 0) batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin(), s.tokens.end());
-      else batch_.tokens.push_back((*drafts)[i].back());
-      const int64_t pos = j == 0 ? s.start_pos : s.start_pos + s.n_tokens - 1 + j;
-      batch_.seqs.push_back({pos, j == 0 ? s.n_tokens : 1, s.block_table, true, 1});
+      // Round 0 catches the draft's K/V up and feeds the chunk (normally the
+      // one decode token).
+      if (j == 0) {
+        batch_.tokens.insert(batch_.tokens.end(), s.draft_catch_up.begin(), s.draft_catch_up.end());
+        batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin(), s.tokens.end());
+        SERVAL_ASSERT(s.draft_start_pos + (int64_t)s.draft_catch_up.size() == s.start_pos);
+        batch_.seqs.push_back({s.draft_start_pos, s.n_tokens + (int32_t)s.draft_catch_up.size(), s.block_table, true, 1});
+      } else {
+        batch_.tokens.push_back((*drafts)[i].back());
+        batch_.seqs.push_back({s.start_pos + s.n_tokens - 1 + j, 1, s.block_table, true, 1});
+      }
       who.push_back(i);
     }
     SERVAL_RETURN_IF_ERROR(draft_forward_->forward(batch_, &draft_logits_));
@@ -74,25 +80,7 @@ Status Runner::execute(const SchedulerOutput& out, std::span<const std::vector<T
     const auto n = static_cast<int32_t>(s.n_tokens + d.size());
     batch_.seqs.push_back({s.start_pos, n, s.block_table, s.needs_logits, 1 + static_cast<int32_t>(d.size())});
   }
-  SERVAL_RETURN_IF_ERROR(forward_.forward(batch_, logits));
-  if (!draft_forward_) return {};
-
-  // Mirror to the draft: whatever it has not computed itself. A seq that
-  // drafted wrote its chunk and all drafts but the last while drafting.
-  batch_.tokens.clear();
-  batch_.seqs.clear();
-  for (size_t i = 0; i < out.seqs.size(); ++i) {
-    const ScheduledSeq& s = out.seqs[i];
-    const auto d = drafts_of(i);
-    if (d.empty()) {
-      batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin(), s.tokens.end());
-      batch_.seqs.push_back({s.start_pos, s.n_tokens, s.block_table, false, 1});
-    } else {
-      batch_.tokens.push_back(d.back());
-      batch_.seqs.push_back({s.start_pos + s.n_tokens + static_cast<int64_t>(d.size()) - 1, 1, s.block_table, false, 1});
-    }
-  }
-  return draft_forward_->forward(batch_, &draft_logits_);
+  return forward_.forward(batch_, logits);
 }
 
 }  // namespace serval

@@ -9,9 +9,11 @@
 // draft model keeps its K/V in a pool of its own (`draft_kv`, sized for the
 // draft's geometry) indexed by the SAME block ids as the target's, so the
 // scheduler's block tables, copies, swaps, truncation and prefix cache serve
-// both. Invariant: the draft holds K/V for exactly the positions the target
-// has computed — every chunk the target computes is mirrored to the draft,
-// except for what drafting already wrote (a draft's own tokens).
+// both. The draft's K/V may lag behind the target's (it only runs for seqs
+// that draft); the scheduler tracks how far and hands out the catch-up tokens,
+// which the first draft round computes before the chunk. (K/V at a position
+// depends only on the tokens up to it, so catching up inside a block shared
+// with another seq rewrites the same values.)
 //
 // Engine loop thread only.
 #pragma once
@@ -42,14 +44,14 @@ class Runner {
   using DraftPick = std::function<TokenId(size_t seq_index, int32_t j, std::span<const float> logits)>;
   // Draft model only: (*drafts)[i] = out.seqs[i].n_draft tokens proposed by
   // running the draft autoregressively (one batched draft forward per round,
-  // all drafting seqs together), empty for seqs without draft slots.
+  // all drafting seqs together; round 0 also computes each seq's
+  // draft_catch_up), empty for seqs without draft slots.
   Status draft(const SchedulerOutput& out, const DraftPick& pick, std::vector<std::vector<TokenId>>* drafts);
 
   // The forward pass: each seq's chunk followed by drafts[i] (at most its
   // n_draft tokens; `drafts` empty = no drafts anywhere). logits: [n_rows,
   // n_vocab], for each seq with needs_logits 1 + drafts[i].size() rows (its
-  // chunk's last token, then each draft), in order. With a draft model, the
-  // draft's K/V is then brought up to the same positions.
+  // chunk's last token, then each draft), in order.
   Status execute(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
                  std::vector<float>* logits);
 

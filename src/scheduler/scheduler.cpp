@@ -167,6 +167,7 @@ void Scheduler::preempt(Seq& v, SchedulerOutput* out) {
   } else {
     kv_->free(v.id);
     v.num_computed = 0;
+    v.draft_computed = 0;
     v.state = SeqState::waiting;
     waiting_.push_back(v.id);
   }
@@ -182,6 +183,13 @@ void Scheduler::emit(Seq& s, int64_t n_tokens, SchedulerOutput* out, int32_t n_d
   const auto table = kv_->block_table(s.id);
   ss.block_table.assign(table.begin(), table.end());
   ss.needs_logits = s.num_computed + n_tokens == static_cast<int64_t>(s.tokens.size());
+  s.draft_last_fed = -1;
+  if (n_draft > 0 && cfg_.track_draft_kv) {
+    SERVAL_ASSERT(s.draft_computed <= s.num_computed);
+    ss.draft_start_pos = s.draft_computed;
+    ss.draft_catch_up.assign(s.tokens.begin() + s.draft_computed, s.tokens.begin() + s.num_computed);
+    s.draft_last_fed = s.num_computed + n_tokens - 1;
+  }
   out->n_tokens += ss.n_tokens + ss.n_draft;
   out->seqs.push_back(std::move(ss));
   s.scheduled_step = step_;
@@ -334,6 +342,9 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const SeqAdvance> a
     // unused draft slots); without drafts this releases nothing.
     kv_->truncate(s->id, s->num_computed);
     s->decodes_without_draft = a.n_drafted > 0 ? 0 : s->decodes_without_draft + 1;
+    // The draft wrote its catch-up, the chunk and all drafts but the last.
+    if (s->draft_last_fed >= 0 && a.n_drafted > 0) s->draft_computed = s->draft_last_fed + a.n_drafted;
+    s->draft_computed = std::min(s->draft_computed, s->num_computed);
     if (a.n_drafted > 0) {
       constexpr double kDecay = 0.7;  // weight of the history in the running mean
       const auto acc = static_cast<double>(n_accepted);

@@ -76,6 +76,10 @@ struct SchedulerConfig {
   // more than they save.
   int32_t draft_max = 0;
   int32_t draft_min = 0;
+  // A draft model keeps K/V under the same block ids: track per seq how far
+  // it has computed and hand out the catch-up with each draft slot grant, so
+  // the draft only runs for seqs that draft (ScheduledSeq::draft_catch_up).
+  bool track_draft_kv = false;
 };
 
 struct SeqRequest {
@@ -175,6 +179,8 @@ class Scheduler {
     bool speculate = false;
     double accepted_mean = -1;  // running mean of accepted drafts per verify; < 0: none yet
     int32_t decodes_without_draft = 0;
+    int64_t draft_computed = 0;  // track_draft_kv: positions the draft model has K/V for (<= num_computed)
+    int64_t draft_last_fed = -1;  // this step: position of the chunk's last token when drafting
   };
 
   Seq& get(SeqId id);

@@ -24,6 +24,11 @@ struct ScheduledSeq {
   // (positions start_pos + n_tokens ...), verified in the same forward with
   // logits at each of them. Only for a decode (n_tokens == 1, needs_logits).
   int32_t n_draft = 0;
+  // Draft model (SchedulerConfig::track_draft_kv), with n_draft > 0: the
+  // draft's K/V covers positions [0, draft_start_pos) only; it first computes
+  // draft_catch_up, the tokens of [draft_start_pos, start_pos), then the chunk.
+  int64_t draft_start_pos = 0;
+  std::vector<TokenId> draft_catch_up;
 };
 
 struct SchedulerOutput {
