@@ -604,13 +604,20 @@ TEST(SchedulerSpec, DraftSlotsCountInBudgetAndRollBack) {
   EXPECT_EQ(h.s->draft_len(2), 0);
 }
 
-TEST(SchedulerSpec, DraftLengthAdaptsAndRespectsLimits) {
+// 64 blocks of 4 tokens, budget 64; seq 1 with a 4-token prompt, prefilled.
+std::unique_ptr<Harness> spec_harness(int32_t draft_max, int32_t draft_min, int64_t max_total) {
   SchedulerConfig c = config(64);
-  c.draft_max = 6;
-  c.draft_min = 2;
-  Harness h(64, 4, c);
-  h.add(req(1, range(1, 4), 60));
-  spec_step(h, 0);  // prefill
+  c.draft_max = draft_max;
+  c.draft_min = draft_min;
+  auto h = std::make_unique<Harness>(64, 4, c);
+  h->add(req(1, range(1, 4), max_total));
+  spec_step(*h, 0);  // prefill
+  return h;
+}
+
+TEST(SchedulerSpec, DraftLengthAdaptsAndRespectsLimits) {
+  auto hp = spec_harness(6, 2, 60);
+  Harness& h = *hp;
   // Nothing accepted: k falls to draft_min (never below).
   for (int i = 0; i < 8; ++i) spec_step(h, 0);
   EXPECT_EQ(h.s->draft_len(1), 2);
@@ -629,12 +636,8 @@ TEST(SchedulerSpec, DraftLengthAdaptsAndRespectsLimits) {
 }
 
 TEST(SchedulerSpec, UselessDraftsPauseAndProbe) {
-  SchedulerConfig c = config(64);
-  c.draft_max = 4;
-  c.draft_min = 0;
-  Harness h(64, 4, c);
-  h.add(req(1, range(1, 4), 200));
-  spec_step(h, 0);  // prefill
+  auto hp = spec_harness(4, 0, 200);
+  Harness& h = *hp;
   SchedulerOutput out = spec_step(h, 0);
   EXPECT_EQ(out.seqs[0].n_draft, 4);
   // Nothing accepted: the running mean drops below the pause threshold, then
