@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "load_model.h"
+#include "spec_flags.h"
 #include "commands.h"
 #include "common/thread_pool.h"
 #include "model/model.h"
@@ -63,6 +64,8 @@ int cmd_run(int argc, char** argv) {
                  ->excludes(g1)->excludes(g2);
   app.add_option("--regex", regex, "constrain the output to full matches of this regex")
       ->excludes(g1)->excludes(g2)->excludes(g3);
+  SpecFlags spec;
+  spec.add_to(app);
   if (auto rc = parse(app, argc, argv)) return *rc;
   if (!grammar_file.empty() && !read_file(grammar_file, grammar))
     return fail(cmd, "cannot read grammar file '" + grammar_file + "'");
@@ -117,11 +120,15 @@ int cmd_run(int argc, char** argv) {
   EngineConfig ec;
   ec.n_threads = threads;
   ec.max_model_len = n_ctx;
+  if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
   auto kvb = parse_kv_memory(kv_memory);
   if (!kvb.ok()) return fail(cmd, kvb.status().message());
   // A single sequence never needs more than its context's worth of blocks.
-  ec.kv_memory_bytes = std::min<size_t>(*kvb, (size_t)(n_ctx + 64) * (size_t)m.config().n_layers * 2 *
-                                                  (size_t)m.config().kv_dim() * sizeof(float));
+  size_t per_token = (size_t)m.config().n_layers * 2 * (size_t)m.config().kv_dim() * sizeof(float);
+  if (ec.spec.draft_model)
+    per_token += (size_t)ec.spec.draft_model->config().n_layers * 2 * (size_t)ec.spec.draft_model->config().kv_dim() *
+                 sizeof(float);
+  ec.kv_memory_bytes = std::min<size_t>(*kvb, (size_t)(n_ctx + 64 + 16 * 4) * per_token);
   const int64_t prompt_len = (int64_t)tokens.size();
   auto engine = Engine::create(shared_model, *tok, ec);
   if (!engine.ok()) return fail(cmd, engine.status().message());
@@ -167,6 +174,13 @@ int cmd_run(int argc, char** argv) {
                (long long)prompt_len, pp, (double)prompt_len / std::max(pp, 1e-9), (long long)n_gen, tg,
                (double)n_tg / std::max(tg, 1e-9), finish_reason_name(reason),
                threads > 0 ? threads : ThreadPool::default_threads());
+  if (ec.spec.mode != SpecConfig::Mode::none) {
+    const EngineStats st = (*engine)->stats();
+    std::fprintf(stderr, "speculative: %lld drafts, %lld tokens drafted, %lld accepted (%.1f %%), %.2f accepted per draft\n",
+                 (long long)st.spec_drafts, (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
+                 st.spec_draft_tokens ? 100.0 * (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens : 0.0,
+                 st.spec_mean_accepted);
+  }
   return 0;
 }
 

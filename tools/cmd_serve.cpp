@@ -9,6 +9,7 @@
 
 #include "cli_util.h"
 #include "load_model.h"
+#include "spec_flags.h"
 #include "commands.h"
 #include "common/thread_pool.h"
 #include "model/model.h"
@@ -70,6 +71,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-queue-tokens", max_queue_tokens, "prompt + max_tokens in flight before 429")->check(CLI::Range((int64_t)1, (int64_t)1 << 40));
   app.add_option("--max-n", max_n, "largest n per request")->check(CLI::Range(1, 128));
   app.add_option("--request-timeout", request_timeout, "per-request deadline in seconds (0: none)")->check(CLI::Range(0.0, 86400.0));
+  SpecFlags spec;
+  spec.add_to(app);
   app.add_option("--drain-timeout", drain_timeout, "seconds to let in-flight requests finish on SIGTERM")->check(CLI::Range(0.0, 86400.0));
   app.add_option("--otlp-endpoint", otlp_endpoint, "export trace spans as OTLP/HTTP JSON to this URL (http://host:4318)");
   app.add_option("--log-format", log_format, "text, or json: one structured access-log line per request on stderr")
@@ -166,6 +169,7 @@ int cmd_serve(int argc, char** argv) {
   ec.max_model_len = ctx;
   ec.enable_prefix_caching = !no_prefix_cache;
   ec.max_n = max_n;
+  if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
   auto engine = Engine::create(m, *tok, ec);
   if (!engine.ok()) return fail(cmd, engine.status().message());
   auto api = server::OpenAiServer::create(**engine, scfg);

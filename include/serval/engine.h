@@ -31,6 +31,19 @@ namespace serval {
 class Model;
 class Tokenizer;
 
+// Speculative decoding (docs/SPECULATIVE.md): drafted tokens are verified by
+// the target in the same batched forward; the output is exactly what the
+// target alone would produce (greedy: token-identical; sampling: the same
+// distribution).
+struct SpecConfig {
+  enum class Mode { none, ngram, draft_model };
+  Mode mode = Mode::none;
+  std::shared_ptr<const Model> draft_model;  // Mode::draft_model; must share the target's vocabulary
+  int32_t draft_max = 5;  // most drafted tokens per sequence and step (1..64)
+  int32_t draft_min = 0;  // shorter n-gram drafts are not verified; floor of the adaptive length (0: may pause)
+  int32_t ngram_min = 1, ngram_max = 4;  // n-gram sizes tried, longest first (1..64)
+};
+
 struct EngineConfig {
   int n_threads = 0;                    // 0: physical cores
   size_t kv_memory_bytes = 256u << 20;  // device KV pool; see parse_kv_memory()
@@ -43,6 +56,7 @@ struct EngineConfig {
   bool enable_chunked_prefill = true;
   double aging_per_step = 0.01;         // priority aging (see scheduler)
   int32_t max_n = 16;                   // bound on Request::n
+  SpecConfig spec;                      // off by default
 };
 
 // Parses --kv-memory: bytes with an optional K/M/G/T suffix ("512M", "2G",
@@ -55,6 +69,7 @@ struct Request {
   int32_t n = 1;                // parallel samples; they share the prompt's KV blocks
   int32_t priority = 0;         // lower = more important (vLLM convention)
   uint64_t tenant_salt = 0;     // prefix-cache isolation between tenants
+  bool speculate = true;        // use the engine's speculative decoding, if configured
 };
 
 // Where a request's time went inside the engine (steady_clock nanoseconds since
@@ -141,8 +156,11 @@ struct EngineStats {
   double kv_waste_ratio = 0;            // unfilled slots / allocated slots, averaged over steps
   size_t running = 0, waiting = 0;
   int64_t prefix_cached_blocks = 0;     // blocks held by the prefix cache (in use or reusable)
-  // Speculative decoding (0 until a drafter runs): draft rounds, drafted and accepted tokens.
+  // Speculative decoding: verifications of a non-empty draft, drafted tokens,
+  // accepted drafted tokens, and their ratio (accepted drafts per verification;
+  // each verification also yields one token of the target's own).
   int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  double spec_mean_accepted = 0;
   double step_seconds = 0;              // wall time spent in engine steps (forward + sampling)
 };
 

@@ -9,11 +9,13 @@
 #include <thread>
 
 #include "common/thread_pool.h"
+#include "engine/ngram_draft.h"
 #include "engine/runner.h"
 #include "engine/token_trie_for.h"
 #include "kv_cache/kv_cache_manager.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
+#include "sampler/speculative.h"
 #include "sampler/stop_matcher.h"
 #include "scheduler/scheduler.h"
 #include "tokenizer/tokenizer.h"
@@ -123,6 +125,11 @@ struct Engine::Impl {
     std::unique_ptr<StopMatcher> stop;
     std::unique_ptr<GrammarMatcher> grammar;  // params.grammar's state for this sequence
     std::vector<uint64_t> grammar_mask;       // scratch: allowed tokens
+    // Draft model: picks draft tokens with the request's processors; q[j] is
+    // the distribution draft token j of this step was drawn from (sampling).
+    std::unique_ptr<Sampler> draft_sampler;
+    std::vector<std::vector<Candidate>> q;
+    std::vector<TokenId> draft_history;
     int32_t n_generated = 0;
     int64_t cached_prompt_tokens = -1;  // start_pos of the first scheduled chunk: the prefix-cache hit
     bool finished = false;
@@ -150,6 +157,7 @@ struct Engine::Impl {
 
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<KvStorage> storage;
+  std::unique_ptr<KvStorage> draft_storage;  // draft model's pool (same block ids)
   std::unique_ptr<KvCacheManager> kv;
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<Runner> runner;
@@ -166,6 +174,7 @@ struct Engine::Impl {
   std::map<uint64_t, std::unique_ptr<RequestState>> requests;
   std::map<SeqId, SeqState> seqs;
   SeqId next_seq = 1;
+  std::vector<float> verify_scratch;
   double waste_sum = 0;
   int64_t waste_steps = 0;
 
@@ -182,10 +191,13 @@ struct Engine::Impl {
   void fail_request(RequestState& rs, const Status& st);
   void finish_seq(SeqId id, FinishReason reason);
   void close_request_if_done(RequestState& rs);
-  void after_step(const SchedulerOutput& out, const std::vector<float>& logits, int64_t step_start_ns);
+  SeqState make_seq_state(RequestState* rs, int32_t index, const SamplingParams& p);
+  Status propose(const SchedulerOutput& out, std::vector<std::vector<TokenId>>* drafts);
+  SeqAdvance verify(const ScheduledSeq& s, std::span<const TokenId> draft, const float* rows);
+  void after_step(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
+                  const std::vector<float>& logits, int64_t step_start_ns);
   void record_step_timing(const SchedulerOutput& out, int64_t step_start_ns, int64_t step_end_ns);
   void publish_stats();
-  void init_seq(SeqState& ss, RequestState& rs, int32_t index, const SamplingParams& p);
   TokenId sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history);
 
   static RequestTiming timing_of(const SeqState& ss, int64_t finished_ns) {
@@ -200,19 +212,6 @@ struct Engine::Impl {
     return t;
   }
 };
-
-// A new sequence's sampler, detokenizer, stop matcher and grammar state.
-void Engine::Impl::init_seq(SeqState& ss, RequestState& rs, int32_t index, const SamplingParams& p) {
-  ss.req = &rs;
-  ss.index = index;
-  ss.sampler = std::make_unique<Sampler>(p, (int32_t)model->config().n_vocab);
-  ss.detok = std::make_unique<StreamingDetokenizer>(tok);
-  ss.stop = std::make_unique<StopMatcher>(p.stop);
-  if (p.grammar) {
-    if (!token_trie) token_trie = token_trie_for(tok);
-    ss.grammar = std::make_unique<GrammarMatcher>(p.grammar, token_trie);
-  }
-}
 
 // Samples under the sequence's grammar (if any) and advances its state.
 TokenId Engine::Impl::sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history) {
@@ -237,6 +236,28 @@ void Engine::Impl::fail_request(RequestState& rs, const Status& st) {
   rs.n_open = 0;
 }
 
+// A new sequence's sampler, detokenizer, stop matcher, grammar state and
+// draft sampler.
+Engine::Impl::SeqState Engine::Impl::make_seq_state(RequestState* rs, int32_t index, const SamplingParams& p) {
+  SeqState ss;
+  ss.req = rs;
+  ss.index = index;
+  ss.sampler = std::make_unique<Sampler>(p, (int32_t)model->config().n_vocab);
+  ss.detok = std::make_unique<StreamingDetokenizer>(tok);
+  ss.stop = std::make_unique<StopMatcher>(p.stop);
+  if (p.grammar) {
+    if (!token_trie) token_trie = token_trie_for(tok);
+    ss.grammar = std::make_unique<GrammarMatcher>(p.grammar, token_trie);
+  }
+  if (cfg.spec.mode == SpecConfig::Mode::draft_model) {
+    SamplingParams dp = p;
+    // The draft's own random stream: independent of the target's, reproducible with a seed.
+    if (dp.seed) dp.seed = *dp.seed ^ 0x5bd1e9955bd1e995ull;
+    ss.draft_sampler = std::make_unique<Sampler>(dp, (int32_t)model->config().n_vocab);
+  }
+  return ss;
+}
+
 void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   const SeqId id = next_seq++;
   SeqRequest sr;
@@ -245,6 +266,8 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   sr.priority = rs->req.priority;
   sr.max_total_tokens = rs->max_total;
   sr.prefix_key = PrefixKey{rs->req.tenant_salt, 0};
+  // Drafts are not grammar-checked yet: constrained requests decode plainly.
+  sr.speculate = rs->req.speculate && !rs->req.params.grammar;
   Status st = sched->add(std::move(sr));
   if (!st.ok()) {
     OutputEvent ev;
@@ -255,9 +278,7 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   rs->seqs.assign((size_t)rs->req.n, 0);
   rs->seqs[0] = id;
   rs->n_open = rs->req.n;
-  SeqState ss;
-  init_seq(ss, *rs, 0, rs->req.params);
-  seqs.emplace(id, std::move(ss));
+  seqs.emplace(id, make_seq_state(rs.get(), 0, rs->req.params));
   {
     std::lock_guard<std::mutex> lk(stats_mu);
     stats.prompt_tokens += (int64_t)rs->req.prompt.size();
@@ -324,58 +345,124 @@ void Engine::Impl::record_step_timing(const SchedulerOutput& out, int64_t step_s
   }
 }
 
-void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<float>& logits, int64_t step_start_ns) {
+Status Engine::Impl::propose(const SchedulerOutput& out, std::vector<std::vector<TokenId>>* drafts) {
+  drafts->clear();
+  bool any = false;
+  for (const ScheduledSeq& s : out.seqs) any = any || s.n_draft > 0;
+  if (!any) return {};
+  const SpecConfig& sp = cfg.spec;
+  if (sp.mode == SpecConfig::Mode::ngram) {
+    drafts->assign(out.seqs.size(), {});
+    for (size_t i = 0; i < out.seqs.size(); ++i) {
+      const ScheduledSeq& s = out.seqs[i];
+      if (s.n_draft == 0) continue;
+      auto d = ngram_draft(sched->tokens(s.seq), sp.ngram_min, sp.ngram_max, s.n_draft);
+      if ((int32_t)d.size() >= std::max(1, sp.draft_min)) (*drafts)[i] = std::move(d);
+    }
+    return {};
+  }
+  auto pick = [&](size_t i, int32_t j, std::span<const float> lg) {
+    SeqState& ss = seqs.at(out.seqs[i].seq);
+    if (j == 0) {
+      ss.q.clear();
+      const auto& h = sched->tokens(out.seqs[i].seq);
+      ss.draft_history.assign(h.begin(), h.end());
+    }
+    const auto dist = ss.draft_sampler->distribution(lg, ss.draft_history);
+    TokenId d = dist.front().token;
+    if (!ss.draft_sampler->is_greedy()) {
+      ss.q.emplace_back(dist.begin(), dist.end());
+      d = Sampler::pick(dist, ss.draft_sampler->rng().uniform());
+    }
+    ss.draft_history.push_back(d);
+    return d;
+  };
+  return runner->draft(out, pick, drafts);
+}
+
+// The target's verdict on one seq's logits rows (its chunk's last token, then
+// one per draft): the accepted drafts, then one token of the target's own.
+SeqAdvance Engine::Impl::verify(const ScheduledSeq& s, std::span<const TokenId> draft, const float* rows) {
+  const auto n_vocab = (size_t)model->config().n_vocab;
+  SeqState& ss = seqs.at(s.seq);
+  Sampler& smp = *ss.sampler;
+  SeqAdvance adv{s.seq, {}, (int32_t)draft.size()};
+  const auto& tokens = sched->tokens(s.seq);
+  if (draft.empty()) {
+    adv.tokens.push_back(sample_seq(ss, {rows, n_vocab}, tokens));
+    return adv;
+  }
+  SERVAL_ASSERT(!ss.grammar);  // constrained sequences do not speculate (admit)
+  // Penalties look back over the accepted drafts too.
+  std::vector<TokenId> history(tokens.begin(), tokens.end());
+  for (size_t j = 0;; ++j) {
+    std::span<const float> lg(rows + j * n_vocab, n_vocab);
+    if (j == draft.size() || smp.is_greedy()) {
+      const TokenId t = smp.sample(lg, history);
+      adv.tokens.push_back(t);
+      if (j == draft.size() || t != draft[j]) return adv;
+    } else {
+      const Candidate point{draft[j], 0.0f, 1.0f};  // an n-gram draft is a point mass
+      const std::span<const Candidate> q = ss.draft_sampler ? std::span<const Candidate>(ss.q[j])
+                                                            : std::span<const Candidate>(&point, 1);
+      const DraftVerdict v = verify_draft(smp.distribution(lg, history), q, draft[j], smp.rng(), &verify_scratch);
+      adv.tokens.push_back(v.token);
+      if (!v.accepted) return adv;
+    }
+    history.push_back(draft[j]);
+  }
+}
+
+void Engine::Impl::after_step(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
+                              const std::vector<float>& logits, int64_t step_start_ns) {
   const int64_t n_vocab = model->config().n_vocab;
-  std::vector<std::pair<SeqId, TokenId>> sampled;
-  std::vector<std::vector<TokenLogprobs>> lps;
+  std::vector<SeqAdvance> advances;
+  std::vector<size_t> first_row;  // per advance: its logits row for its first token
   size_t row = 0;
-  int64_t prefill_computed = 0;
-  for (const ScheduledSeq& s : out.seqs) {
+  int64_t prefill_computed = 0, spec_drafts = 0, spec_draft_tokens = 0, spec_accepted = 0;
+  for (size_t i = 0; i < out.seqs.size(); ++i) {
+    const ScheduledSeq& s = out.seqs[i];
     if (s.n_tokens > 1 || !s.needs_logits) prefill_computed += s.n_tokens;
     if (auto it = seqs.find(s.seq); it != seqs.end() && it->second.cached_prompt_tokens < 0)
       it->second.cached_prompt_tokens = s.start_pos;
     if (!s.needs_logits) continue;
-    std::span<const float> lg(logits.data() + row * (size_t)n_vocab, (size_t)n_vocab);
-    ++row;
-    SeqState& ss = seqs.at(s.seq);
-    const auto& history = sched->tokens(s.seq);
-    const TokenId t = sample_seq(ss, lg, history);
-    sampled.push_back({s.seq, t});
-    (void)lps;
+    const std::span<const TokenId> d = drafts.empty() ? std::span<const TokenId>() : drafts[i];
+    advances.push_back(verify(s, d, logits.data() + row * (size_t)n_vocab));
+    first_row.push_back(row);
+    row += 1 + d.size();
+    if (!d.empty()) {
+      ++spec_drafts;
+      spec_draft_tokens += (int64_t)d.size();
+      spec_accepted += (int64_t)advances.back().tokens.size() - 1;
+    }
   }
-  sched->update(out, sampled);
+  sched->update(out, advances);
 
   // n > 1: once the first sample's prompt is computed, fork the other samples
   // from it (they share its blocks) and let each draw its own first token
   // from the same logits.
-  row = 0;
-  std::vector<std::tuple<SeqId, TokenId, size_t>> all;  // (seq, token, logits row)
-  for (size_t i = 0, k = 0; i < out.seqs.size(); ++i) {
-    if (!out.seqs[i].needs_logits) continue;
-    all.emplace_back(sampled[k].first, sampled[k].second, k);
-    ++k;
-  }
-  std::vector<std::tuple<SeqId, TokenId, size_t>> extra;
-  for (auto& [sid, t, r] : all) {
+  const size_t n_parents = advances.size();
+  for (size_t k = 0; k < n_parents; ++k) {
+    const SeqId sid = advances[k].seq;
     RequestState& rs = *seqs.at(sid).req;
     if (rs.req.n <= 1 || rs.children_forked) continue;
     rs.children_forked = true;
-    std::span<const float> lg(logits.data() + r * (size_t)n_vocab, (size_t)n_vocab);
+    std::span<const float> lg(logits.data() + first_row[k] * (size_t)n_vocab, (size_t)n_vocab);
     for (int32_t i = 1; i < rs.req.n; ++i) {
       const SeqId child = next_seq++;
-      SeqState cs;
       SamplingParams p = rs.req.params;
       if (p.seed) p.seed = *p.seed + (uint64_t)i;  // distinct but reproducible streams
-      init_seq(cs, rs, i, p);  // a fresh grammar state: the child's first token is drawn here
+      // A fresh grammar state: the child's first token is drawn here.
+      SeqState cs = make_seq_state(&rs, i, p);
       std::vector<TokenId> history(rs.req.prompt);
       const TokenId ct = sample_seq(cs, lg, history);
       sched->fork(sid, child, ct);  // shares the parent's blocks; its own first token
       rs.seqs[(size_t)i] = child;
       seqs.emplace(child, std::move(cs));
-      extra.emplace_back(child, ct, r);
+      advances.push_back({child, {ct}, 0});
+      first_row.push_back(first_row[k]);
     }
   }
-  all.insert(all.end(), extra.begin(), extra.end());
   const int64_t step_end_ns = now_ns();
   record_step_timing(out, step_start_ns, step_end_ns);
 
@@ -383,28 +470,34 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
   // Events are pushed only after the stats below are updated, so a caller that
   // has read a request's last event sees it counted.
   std::vector<std::pair<RequestStream*, OutputEvent>> events;
-  for (auto& [sid, t, r] : all) {
+  for (size_t k = 0; k < advances.size(); ++k) {
+    const SeqId sid = advances[k].seq;
     SeqState& ss = seqs.at(sid);
     RequestState& rs = *ss.req;
     const SamplingParams& p = rs.req.params;
-    ++ss.n_generated;
-    ++generated;
-    if (ss.first_token_ns == 0) ss.first_token_ns = step_end_ns;
     OutputEvent ev;
     ev.index = ss.index;
     ev.time_ns = step_end_ns;
-    ev.tokens.push_back(t);
-    if (p.logprobs > 0) {
-      std::span<const float> lg(logits.data() + r * (size_t)n_vocab, (size_t)n_vocab);
-      ev.logprobs.push_back(compute_logprobs(lg, t, p.logprobs));
-    }
-    FinishReason reason = check_token_stop(p, t, ss.n_generated, eog);
+    if (ss.first_token_ns == 0) ss.first_token_ns = step_end_ns;
+    FinishReason reason = FinishReason::none;
     const int64_t detok_start = now_ns();
-    if (reason != FinishReason::stop) {
-      if (ss.stop->feed(ss.detok->push(t), ev.text)) reason = FinishReason::stop;
+    // Each token in turn: a stop ends the sample there, the rest is dropped.
+    for (size_t j = 0; j < advances[k].tokens.size() && reason == FinishReason::none; ++j) {
+      const TokenId t = advances[k].tokens[j];
+      ++ss.n_generated;
+      ++generated;
+      ev.tokens.push_back(t);
+      if (p.logprobs > 0) {
+        std::span<const float> lg(logits.data() + (first_row[k] + j) * (size_t)n_vocab, (size_t)n_vocab);
+        ev.logprobs.push_back(compute_logprobs(lg, t, p.logprobs));
+      }
+      reason = check_token_stop(p, t, ss.n_generated, eog);
+      if (reason != FinishReason::stop) {
+        if (ss.stop->feed(ss.detok->push(t), ev.text)) reason = FinishReason::stop;
+      }
+      if (reason == FinishReason::none && (int64_t)rs.req.prompt.size() + ss.n_generated >= rs.max_total)
+        reason = FinishReason::length;
     }
-    if (reason == FinishReason::none && (int64_t)sched->tokens(sid).size() >= rs.max_total)
-      reason = FinishReason::length;
     if (reason != FinishReason::none) {
       if (!ss.stop->stopped()) {
         std::string tail = ss.detok->flush(), out_tail;
@@ -441,11 +534,16 @@ void Engine::Impl::after_step(const SchedulerOutput& out, const std::vector<floa
     stats.generated_tokens += generated;
     stats.prefill_tokens_computed += prefill_computed;
     stats.requests_finished += closed;
+    stats.spec_drafts += spec_drafts;
+    stats.spec_draft_tokens += spec_draft_tokens;
+    stats.spec_accepted_tokens += spec_accepted;
+    stats.spec_mean_accepted =
+        stats.spec_drafts ? (double)stats.spec_accepted_tokens / (double)stats.spec_drafts : 0.0;
   }
   publish_stats();
   for (auto& [stream, ev] : events) stream->push(std::move(ev));
-  for (auto& [sid, t, r] : all) {
-    auto it = seqs.find(sid);
+  for (const SeqAdvance& a : advances) {
+    auto it = seqs.find(a.seq);
     if (it == seqs.end()) continue;
     RequestState& rs = *it->second.req;
     if (rs.n_open <= 0 && requests.count(rs.id)) close_request_if_done(rs);
@@ -469,6 +567,7 @@ void Engine::Impl::publish_stats() {
 
 void Engine::Impl::loop() {
   std::vector<float> logits;
+  std::vector<std::vector<TokenId>> drafts;
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(inbox_mu);
@@ -490,7 +589,9 @@ void Engine::Impl::loop() {
       continue;
     }
     const int64_t step_start_ns = now_ns();
-    Status st = runner->execute(out, &logits);
+    runner->apply_block_moves(out);
+    Status st = propose(out, &drafts);
+    if (st.ok()) st = runner->execute(out, drafts, &logits);
     if (!st.ok()) {
       // A batch that the scheduler built should always run; fail its requests
       // rather than the engine.
@@ -503,7 +604,7 @@ void Engine::Impl::loop() {
       }
       continue;
     }
-    after_step(out, logits, step_start_ns);
+    after_step(out, drafts, logits, step_start_ns);
   }
   // Shutting down: every open request gets an error event.
   for (auto& [id, rs] : requests) {
@@ -533,6 +634,43 @@ Engine::~Engine() {
   if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
 }
 
+namespace {
+
+// Speculation settings in range; a draft model with exactly the target's vocabulary.
+Status check_spec_config(const SpecConfig& sp, const Model& target, const Tokenizer& tok) {
+  if (sp.mode == SpecConfig::Mode::none) return {};
+  const auto range = [](const char* name, int32_t v, int32_t lo, int32_t hi) -> Status {
+    if (v >= lo && v <= hi) return {};
+    return invalid_argument(std::string(name) + ": expected " + std::to_string(lo) + ".." + std::to_string(hi) +
+                            ", got " + std::to_string(v));
+  };
+  SERVAL_RETURN_IF_ERROR(range("--draft-max", sp.draft_max, 1, Scheduler::kMaxDraft));
+  SERVAL_RETURN_IF_ERROR(range("--draft-min", sp.draft_min, 0, sp.draft_max));
+  if (sp.mode == SpecConfig::Mode::ngram) {
+    SERVAL_RETURN_IF_ERROR(range("--ngram-max", sp.ngram_max, 1, 64));
+    return range("--ngram-min", sp.ngram_min, 1, sp.ngram_max);
+  }
+  if (!sp.draft_model) return invalid_argument("speculative decoding with a draft model: no draft model given");
+  const ModelConfig& dc = sp.draft_model->config();
+  if (dc.n_vocab != target.config().n_vocab)
+    return invalid_argument("draft model: vocabulary of " + std::to_string(dc.n_vocab) +
+                            " tokens, the target's has " + std::to_string(target.config().n_vocab));
+  auto dt = Tokenizer::from_gguf(sp.draft_model->file());
+  if (!dt.ok()) return dt.status().with_context("draft model tokenizer");
+  if (dt->n_vocab() != tok.n_vocab())
+    return invalid_argument("draft model: tokenizer has " + std::to_string(dt->n_vocab()) + " tokens, the target's " +
+                            std::to_string(tok.n_vocab()));
+  for (TokenId t = 0; t < tok.n_vocab(); ++t) {
+    const std::string a = dt->token_to_piece(t, true), b = tok.token_to_piece(t, true);
+    if (a != b)
+      return invalid_argument("draft model: vocabulary differs from the target's at token " + std::to_string(t) +
+                              " ('" + a + "' vs '" + b + "')");
+  }
+  return {};
+}
+
+}  // namespace
+
 Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> model, const Tokenizer& tok,
                                                  EngineConfig cfg) {
   const ModelConfig& mc = model->config();
@@ -544,18 +682,29 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   if (tok.n_vocab() != mc.n_vocab)
     return invalid_argument("tokenizer has " + std::to_string(tok.n_vocab()) + " tokens, the model " +
                             std::to_string(mc.n_vocab));
+  SERVAL_RETURN_IF_ERROR(check_spec_config(cfg.spec, *model, tok));
   auto impl = std::make_unique<Impl>(std::move(model), tok, cfg);
   const Model& m = *impl->model;
+  const Model* draft = cfg.spec.mode == SpecConfig::Mode::draft_model ? cfg.spec.draft_model.get() : nullptr;
   KvGeometry g{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), cfg.block_size};
-  const int64_t n_blocks = (int64_t)(cfg.kv_memory_bytes / g.bytes_per_block());
-  const int64_t n_host = (int64_t)(cfg.swap_memory_bytes / g.bytes_per_block());
+  KvGeometry dg{draft ? (int32_t)draft->config().n_layers : 0, draft ? (int32_t)draft->config().kv_dim() : 0,
+                cfg.block_size};
+  // The draft's pool mirrors the target's block ids: --kv-memory pays for both.
+  const size_t bpb = g.bytes_per_block() + (draft ? dg.bytes_per_block() : 0);
+  const int64_t n_blocks = (int64_t)(cfg.kv_memory_bytes / bpb);
+  const int64_t n_host = (int64_t)(cfg.swap_memory_bytes / bpb);
   if (n_blocks < 1)
     return invalid_argument("--kv-memory " + std::to_string(cfg.kv_memory_bytes) +
-                            " bytes holds no KV block (one block takes " + std::to_string(g.bytes_per_block()) + ")");
+                            " bytes holds no KV block (one block takes " + std::to_string(bpb) + ")");
   if (n_blocks > (1 << 30) || n_host > (1 << 30)) return invalid_argument("KV memory is too large");
   auto storage = KvStorage::create(g, (int32_t)n_blocks, (int32_t)n_host);
   if (!storage.ok()) return storage.status();
   impl->storage = std::make_unique<KvStorage>(std::move(storage.value()));
+  if (draft) {
+    auto ds = KvStorage::create(dg, (int32_t)n_blocks, (int32_t)n_host);
+    if (!ds.ok()) return ds.status();
+    impl->draft_storage = std::make_unique<KvStorage>(std::move(ds.value()));
+  }
   impl->pool = std::make_unique<ThreadPool>(cfg.n_threads > 0 ? cfg.n_threads : ThreadPool::default_threads());
   KvCacheConfig kc;
   kc.n_blocks = (int32_t)n_blocks;
@@ -575,8 +724,14 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   sc.enable_chunked_prefill = cfg.enable_chunked_prefill;
   sc.preemption = n_host > 0 ? SchedulerConfig::Preemption::swap : SchedulerConfig::Preemption::recompute;
   sc.aging_per_step = cfg.aging_per_step;
+  if (cfg.spec.mode != SpecConfig::Mode::none) {
+    sc.draft_max = cfg.spec.draft_max;
+    sc.draft_min = cfg.spec.draft_min;
+    sc.track_draft_kv = cfg.spec.mode == SpecConfig::Mode::draft_model;
+  }
+  SERVAL_RETURN_IF_ERROR(Scheduler::validate(sc));
   impl->sched = std::make_unique<Scheduler>(sc, impl->kv.get());
-  impl->runner = std::make_unique<Runner>(m, *impl->storage, impl->pool.get());
+  impl->runner = std::make_unique<Runner>(m, *impl->storage, impl->pool.get(), draft, impl->draft_storage.get());
   for (TokenId t = 0; t < impl->tok.n_vocab(); ++t)
     if (impl->tok.is_eog(t)) impl->eog.push_back(t);
   impl->stats.kv_blocks_total = (int32_t)n_blocks;

@@ -55,7 +55,10 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits) {
       tok_seq[(size_t)at] = (int32_t)s;
       tok_pos[(size_t)at] = bs.start_pos + i;
     }
-    n_out += bs.needs_logits;
+    if (bs.needs_logits && (bs.n_logits < 1 || bs.n_logits > bs.n_tokens))
+      return invalid_argument("batch: sequence " + std::to_string(s) + " wants logits for " +
+                              std::to_string(bs.n_logits) + " of its " + std::to_string(bs.n_tokens) + " tokens");
+    n_out += bs.needs_logits ? bs.n_logits : 0;
   }
   if (at != n) return invalid_argument("batch: sequence token counts do not add up");
   for (TokenId t : batch.tokens)
@@ -149,8 +152,8 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits) {
   for (const BatchSeq& bs : batch.seqs) {
     tok_end += bs.n_tokens;
     if (!bs.needs_logits) continue;
-    ref::rmsnorm(out_rows_.data() + o * dim, x_.data() + (tok_end - 1) * dim, w.output_norm.data(), dim, c.rms_eps);
-    ++o;
+    for (int64_t t = tok_end - bs.n_logits; t < tok_end; ++t, ++o)
+      ref::rmsnorm(out_rows_.data() + o * dim, x_.data() + t * dim, w.output_norm.data(), dim, c.rms_eps);
   }
   logits->resize((size_t)(n_out * c.n_vocab));
   if (n_out > 0) mm(w.output, out_rows_.data(), n_out, logits->data());

@@ -29,6 +29,8 @@ struct BatchSeq {
   int32_t n_tokens = 0;                  // tokens of this sequence in the batch (>= 1)
   std::span<const BlockId> block_table;  // covers positions [0, start_pos + n_tokens)
   bool needs_logits = false;             // produce logits for the chunk's last token
+  int32_t n_logits = 1;                  // with needs_logits: for its last n_logits tokens (1..n_tokens),
+                                         // e.g. a token and the drafts after it (speculative verify)
 };
 
 struct Batch {
@@ -40,8 +42,8 @@ class BatchForward {
  public:
   BatchForward(const Model& model, KvStorage& kv, ThreadPool* pool);
 
-  // Runs the batch; `logits` becomes [n_outputs, n_vocab] (one row per sequence
-  // with needs_logits, in order). Errors: token out of range, block table too
+  // Runs the batch; `logits` becomes [n_outputs, n_vocab] (n_logits rows per
+  // sequence with needs_logits, in batch order). Errors: token out of range, block table too
   // short, position beyond max_positions.
   Status forward(const Batch& batch, std::vector<float>* logits);
 

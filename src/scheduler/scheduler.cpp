@@ -16,6 +16,12 @@ Status Scheduler::validate(const SchedulerConfig& cfg) {
   if (!(cfg.aging_per_step >= 0.0) || !std::isfinite(cfg.aging_per_step))
     return invalid_argument("scheduler aging_per_step: expected a finite value >= 0, got " +
                             std::to_string(cfg.aging_per_step));
+  if (cfg.draft_max < 0 || cfg.draft_max > kMaxDraft)
+    return invalid_argument("scheduler draft_max: expected 0.." + std::to_string(kMaxDraft) + ", got " +
+                            std::to_string(cfg.draft_max));
+  if (cfg.draft_min < 0 || (cfg.draft_max > 0 && cfg.draft_min > cfg.draft_max))
+    return invalid_argument("scheduler draft_min: expected 0..draft_max (" + std::to_string(cfg.draft_max) +
+                            "), got " + std::to_string(cfg.draft_min));
   return {};
 }
 
@@ -88,6 +94,7 @@ Status Scheduler::add(SeqRequest r) {
   s.priority = r.priority;
   s.max_total_tokens = r.max_total_tokens;
   s.key = r.prefix_key;
+  s.speculate = r.speculate && cfg_.draft_max > 0;
   s.arrival = next_arrival_++;
   s.state = SeqState::waiting;
   seqs_.emplace(s.id, std::move(s));
@@ -126,6 +133,16 @@ int64_t Scheduler::num_cached_prompt_tokens(SeqId seq) const {
   return std::max<int64_t>(0, it->second.cached_prompt_tokens);
 }
 
+int32_t Scheduler::draft_len(SeqId seq) const {
+  const Seq& s = get(seq);
+  if (!s.speculate) return 0;
+  const int32_t lo = std::max(1, cfg_.draft_min);
+  if (s.accepted_mean < 0) return cfg_.draft_max;
+  if (cfg_.draft_min == 0 && s.accepted_mean < kPauseBelowAccepted && s.decodes_without_draft < kProbeEvery) return 0;
+  const auto k = static_cast<int64_t>(std::ceil(s.accepted_mean - 1e-9)) + 1;
+  return static_cast<int32_t>(std::clamp<int64_t>(k, lo, cfg_.draft_max));
+}
+
 void Scheduler::finish(SeqId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
@@ -150,21 +167,30 @@ void Scheduler::preempt(Seq& v, SchedulerOutput* out) {
   } else {
     kv_->free(v.id);
     v.num_computed = 0;
+    v.draft_computed = 0;
     v.state = SeqState::waiting;
     waiting_.push_back(v.id);
   }
 }
 
-void Scheduler::emit(Seq& s, int64_t n_tokens, SchedulerOutput* out) {
+void Scheduler::emit(Seq& s, int64_t n_tokens, SchedulerOutput* out, int32_t n_draft) {
   ScheduledSeq ss;
   ss.seq = s.id;
   ss.start_pos = s.num_computed;
   ss.n_tokens = static_cast<int32_t>(n_tokens);
+  ss.n_draft = n_draft;
   ss.tokens.assign(s.tokens.begin() + s.num_computed, s.tokens.begin() + s.num_computed + n_tokens);
   const auto table = kv_->block_table(s.id);
   ss.block_table.assign(table.begin(), table.end());
   ss.needs_logits = s.num_computed + n_tokens == static_cast<int64_t>(s.tokens.size());
-  out->n_tokens += ss.n_tokens;
+  s.draft_last_fed = -1;
+  if (n_draft > 0 && cfg_.track_draft_kv) {
+    SERVAL_ASSERT(s.draft_computed <= s.num_computed);
+    ss.draft_start_pos = s.draft_computed;
+    ss.draft_catch_up.assign(s.tokens.begin() + s.draft_computed, s.tokens.begin() + s.num_computed);
+    s.draft_last_fed = s.num_computed + n_tokens - 1;
+  }
+  out->n_tokens += ss.n_tokens + ss.n_draft;
   out->seqs.push_back(std::move(ss));
   s.scheduled_step = step_;
 }
@@ -187,6 +213,16 @@ SchedulerOutput Scheduler::schedule() {
       if (gap <= 0 || decodes != (gap == 1)) continue;
       const int64_t chunk = std::min(gap, budget);
       if (!cfg_.enable_chunked_prefill && chunk < gap) continue;
+      // Draft slots: never past max_total_tokens (the accepted drafts plus the
+      // sampled token must fit), never beyond the budget, never at the cost of
+      // a preemption.
+      int64_t n_draft = 0;
+      if (decodes && s.speculate) {
+        n_draft = std::min<int64_t>({draft_len(id), budget - chunk,
+                                     s.max_total_tokens - static_cast<int64_t>(s.tokens.size()) - 1});
+        n_draft = std::max<int64_t>(n_draft, 0);
+        if (n_draft > 0 && !kv_->can_allocate(id, s.num_computed + chunk + n_draft, s.num_computed)) n_draft = 0;
+      }
       // Make room: preempt the least important running seq not yet scheduled
       // in this step, until this one fits or is itself the victim.
       while (!kv_->can_allocate(id, s.num_computed + chunk, s.num_computed)) {
@@ -203,10 +239,10 @@ SchedulerOutput Scheduler::schedule() {
         if (victim == &s) break;
       }
       if (s.state != SeqState::running) continue;
-      const bool ok = kv_->allocate(id, s.num_computed + chunk, s.num_computed, &out.copies);
+      const bool ok = kv_->allocate(id, s.num_computed + chunk + n_draft, s.num_computed, &out.copies);
       SERVAL_ASSERT(ok);
-      emit(s, chunk, &out);
-      budget -= chunk;
+      emit(s, chunk, &out, static_cast<int32_t>(n_draft));
+      budget -= chunk + n_draft;
     }
   }
 
@@ -274,21 +310,51 @@ SchedulerOutput Scheduler::schedule() {
 }
 
 void Scheduler::update(const SchedulerOutput& out, std::span<const std::pair<SeqId, TokenId>> sampled) {
-  for (const ScheduledSeq& ss : out.seqs) {
-    auto it = seqs_.find(ss.seq);
-    if (it == seqs_.end() || it->second.state != SeqState::running) continue;  // finished meanwhile
-    Seq& s = it->second;
-    SERVAL_ASSERT(ss.start_pos == s.num_computed);
-    s.num_computed += ss.n_tokens;
-    SERVAL_ASSERT(s.num_computed <= static_cast<int64_t>(s.tokens.size()));
-    kv_->cache_full_blocks(s.id, s.tokens, s.num_computed, s.key);
-  }
-  for (const auto& [id, token] : sampled) {
+  std::vector<SeqAdvance> adv;
+  adv.reserve(sampled.size());
+  for (const auto& [id, token] : sampled) adv.push_back({id, {token}, 0});
+  update(out, adv);
+}
+
+void Scheduler::update(const SchedulerOutput& out, std::span<const SeqAdvance> advances) {
+  auto running = [&](SeqId id) -> Seq* {
     auto it = seqs_.find(id);
-    if (it == seqs_.end()) continue;
-    Seq& s = it->second;
-    SERVAL_ASSERT(s.state == SeqState::running && s.num_computed == static_cast<int64_t>(s.tokens.size()));
-    s.tokens.push_back(token);
+    if (it == seqs_.end() || it->second.state != SeqState::running) return nullptr;  // finished meanwhile
+    return &it->second;
+  };
+  for (const ScheduledSeq& ss : out.seqs) {
+    Seq* s = running(ss.seq);
+    if (!s) continue;
+    SERVAL_ASSERT(ss.start_pos == s->num_computed);
+    s->num_computed += ss.n_tokens;
+    SERVAL_ASSERT(s->num_computed <= static_cast<int64_t>(s->tokens.size()));
+  }
+  for (const SeqAdvance& a : advances) {
+    Seq* s = running(a.seq);
+    if (!s) continue;
+    SERVAL_ASSERT(s->num_computed == static_cast<int64_t>(s->tokens.size()));
+    SERVAL_ASSERT(!a.tokens.empty() && static_cast<int64_t>(a.tokens.size()) - 1 <= a.n_drafted);
+    const auto n_accepted = static_cast<int64_t>(a.tokens.size()) - 1;
+    s->tokens.insert(s->tokens.end(), a.tokens.begin(), a.tokens.end());
+    SERVAL_ASSERT(static_cast<int64_t>(s->tokens.size()) <= s->max_total_tokens);
+    s->num_computed += n_accepted;
+    // Rollback: blocks past the accepted tokens hold only rejected drafts (or
+    // unused draft slots); without drafts this releases nothing.
+    kv_->truncate(s->id, s->num_computed);
+    s->decodes_without_draft = a.n_drafted > 0 ? 0 : s->decodes_without_draft + 1;
+    // The draft wrote its catch-up, the chunk and all drafts but the last.
+    if (s->draft_last_fed >= 0 && a.n_drafted > 0) s->draft_computed = s->draft_last_fed + a.n_drafted;
+    s->draft_computed = std::min(s->draft_computed, s->num_computed);
+    if (a.n_drafted > 0) {
+      constexpr double kDecay = 0.7;  // weight of the history in the running mean
+      const auto acc = static_cast<double>(n_accepted);
+      s->accepted_mean = s->accepted_mean < 0 ? acc : kDecay * s->accepted_mean + (1.0 - kDecay) * acc;
+    }
+  }
+  // Newly full blocks enter the prefix cache; only positions < num_computed,
+  // all of them accepted tokens, count.
+  for (const ScheduledSeq& ss : out.seqs) {
+    if (Seq* s = running(ss.seq)) kv_->cache_full_blocks(s->id, s->tokens, s->num_computed, s->key);
   }
 }
 

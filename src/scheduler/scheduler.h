@@ -63,6 +63,23 @@ struct SchedulerConfig {
   // aging_per_step > 0 every request eventually outranks any newcomer and
   // nothing starves. 0 = strict priority (FCFS within a priority).
   double aging_per_step = 0.0;
+  // Speculative decoding (0: off). A running decode of a seq added with
+  // speculate gets n_draft = k slots for drafted tokens, which count against
+  // the budget and get KV blocks; k adapts per seq to its running acceptance:
+  // k = clamp(ceil(mean accepted drafts per step) + 1, max(1, draft_min),
+  // draft_max), starting at draft_max, also capped by the budget left and by
+  // max_total_tokens. A seq whose blocks for k drafts are not free decodes
+  // without drafts rather than preempting anyone. With draft_min == 0, a seq
+  // whose running mean falls below kPauseBelowAccepted accepted drafts per
+  // verification stops drafting (k = 0) and probes again with a draft after
+  // kProbeEvery decodes without one: drafts that are mostly rejected cost
+  // more than they save.
+  int32_t draft_max = 0;
+  int32_t draft_min = 0;
+  // A draft model keeps K/V under the same block ids: track per seq how far
+  // it has computed and hand out the catch-up with each draft slot grant, so
+  // the draft only runs for seqs that draft (ScheduledSeq::draft_catch_up).
+  bool track_draft_kv = false;
 };
 
 struct SeqRequest {
@@ -71,12 +88,25 @@ struct SeqRequest {
   int32_t priority = 0;           // lower value = more important (as in vLLM)
   int64_t max_total_tokens = 0;   // prompt + max new tokens; > prompt.size(), <= max_model_len
   PrefixKey prefix_key;
+  bool speculate = true;          // draft slots when SchedulerConfig::draft_max > 0
+};
+
+// What the engine did with one seq's logits in a step: `tokens` = the accepted
+// drafted tokens followed by the one sampled token (so tokens.size() - 1 of the
+// n_drafted drafts were accepted). Without drafts: just the sampled token.
+struct SeqAdvance {
+  SeqId seq = 0;
+  std::vector<TokenId> tokens;
+  int32_t n_drafted = 0;  // <= the ScheduledSeq's n_draft
 };
 
 class Scheduler {
  public:
   enum class SeqState { waiting, running, swapped };
 
+  static constexpr int32_t kMaxDraft = 64;  // bound on draft_max
+  static constexpr double kPauseBelowAccepted = 0.3;
+  static constexpr int32_t kProbeEvery = 8;
   static Status validate(const SchedulerConfig& cfg);
   // cfg must be valid (asserted); kv is not owned.
   Scheduler(SchedulerConfig cfg, KvCacheManager* kv);
@@ -104,6 +134,12 @@ class Scheduler {
   // then each {seq, token} in `sampled` (seqs whose chunk had needs_logits) is
   // appended to that seq's tokens. Seqs finished since schedule() are skipped.
   void update(const SchedulerOutput& out, std::span<const std::pair<SeqId, TokenId>> sampled);
+  // The general form: each advance's tokens are appended; its accepted drafts
+  // already have their K/V (written by the verifying forward), so num_computed
+  // also advances past them, and the blocks past num_computed, which hold only
+  // rejected drafts, are released (rollback). Only blocks wholly below
+  // num_computed ever enter the prefix cache.
+  void update(const SchedulerOutput& out, std::span<const SeqAdvance> advances);
 
   // Stop, length or cancel, in any state: forgets the seq and frees its blocks
   // (device or host). A seq whose tokens reached max_total_tokens is never
@@ -122,6 +158,7 @@ class Scheduler {
   // Prompt tokens served by the prefix cache at the seq's first admission (a
   // forked child inherits its parent's count); 0 for an unknown seq.
   int64_t num_cached_prompt_tokens(SeqId seq) const;
+  int32_t draft_len(SeqId seq) const;  // the k its next decode asks for (0: no speculation)
   int64_t n_preemptions() const { return n_preemptions_; }
   uint64_t n_steps() const { return step_; }
   const SchedulerConfig& config() const { return cfg_; }
@@ -139,6 +176,11 @@ class Scheduler {
     int64_t steps_waited = 0;   // steps with work to do but none scheduled, for aging
     SeqState state = SeqState::waiting;
     uint64_t scheduled_step = UINT64_MAX;  // the step it was last scheduled in
+    bool speculate = false;
+    double accepted_mean = -1;  // running mean of accepted drafts per verify; < 0: none yet
+    int32_t decodes_without_draft = 0;
+    int64_t draft_computed = 0;  // track_draft_kv: positions the draft model has K/V for (<= num_computed)
+    int64_t draft_last_fed = -1;  // this step: position of the chunk's last token when drafting
   };
 
   Seq& get(SeqId id);
@@ -147,7 +189,7 @@ class Scheduler {
   std::vector<SeqId> by_importance(const std::vector<SeqId>& ids) const;
   bool done(const Seq& s) const { return static_cast<int64_t>(s.tokens.size()) >= s.max_total_tokens; }
   void preempt(Seq& victim, SchedulerOutput* out);
-  void emit(Seq& s, int64_t n_tokens, SchedulerOutput* out);
+  void emit(Seq& s, int64_t n_tokens, SchedulerOutput* out, int32_t n_draft = 0);
   static void erase_id(std::vector<SeqId>* v, SeqId id);
 
   SchedulerConfig cfg_;

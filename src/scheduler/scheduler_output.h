@@ -18,8 +18,17 @@ struct ScheduledSeq {
   int64_t start_pos = 0;              // == the sequence's num_computed_tokens before the step
   int32_t n_tokens = 0;               // >= 1
   std::vector<TokenId> tokens;        // the n_tokens token ids to feed
-  std::vector<BlockId> block_table;   // covers positions [0, start_pos + n_tokens)
+  std::vector<BlockId> block_table;   // covers positions [0, start_pos + n_tokens + n_draft)
   bool needs_logits = false;          // the chunk reaches the end of the known tokens: sample after it
+  // Speculative decoding: up to n_draft drafted tokens may follow the chunk
+  // (positions start_pos + n_tokens ...), verified in the same forward with
+  // logits at each of them. Only for a decode (n_tokens == 1, needs_logits).
+  int32_t n_draft = 0;
+  // Draft model (SchedulerConfig::track_draft_kv), with n_draft > 0: the
+  // draft's K/V covers positions [0, draft_start_pos) only; it first computes
+  // draft_catch_up, the tokens of [draft_start_pos, start_pos), then the chunk.
+  int64_t draft_start_pos = 0;
+  std::vector<TokenId> draft_catch_up;
 };
 
 struct SchedulerOutput {
@@ -34,7 +43,7 @@ struct SchedulerOutput {
   std::vector<BlockSwap> swap_out;    // device -> host
   std::vector<BlockSwap> swap_in;     // host -> device
   std::vector<SeqId> preempted;       // sequences preempted in this step (not in `seqs`)
-  int32_t n_tokens = 0;               // sum of seqs[i].n_tokens (<= the token budget)
+  int32_t n_tokens = 0;               // sum of seqs[i].n_tokens + n_draft (<= the token budget)
 };
 
 }  // namespace serval

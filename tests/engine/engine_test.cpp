@@ -10,73 +10,11 @@
 #include "model/model.h"
 #include "serval/engine.h"
 #include "tokenizer/tokenizer.h"
+#include "engine/engine_test_util.h"
 
 using namespace serval;
 
 namespace {
-
-const std::string kShared = SERVAL_SHARED_DIR;
-
-struct Loaded {
-  std::shared_ptr<const Model> model;
-  std::unique_ptr<Tokenizer> tok;
-};
-
-const Loaded& stories() {
-  static Loaded l = [] {
-    Loaded x;
-    auto m = Model::load(kShared + "/models/stories260K.gguf");
-    EXPECT_TRUE(m.ok());
-    x.model = std::shared_ptr<const Model>(std::move(m.value()));
-    auto t = Tokenizer::from_gguf(x.model->file());
-    EXPECT_TRUE(t.ok());
-    x.tok = std::make_unique<Tokenizer>(std::move(t.value()));
-    return x;
-  }();
-  return l;
-}
-
-std::unique_ptr<Engine> make_engine(EngineConfig cfg) {
-  auto e = Engine::create(stories().model, *stories().tok, cfg);
-  EXPECT_TRUE(e.ok()) << e.status().message();
-  return std::move(e.value());
-}
-
-struct Sample {
-  std::vector<TokenId> tokens;
-  std::vector<float> chosen_logprobs;
-  std::vector<float> top_logprobs;  // flattened
-  std::string text;
-  FinishReason finish = FinishReason::none;
-};
-
-std::vector<Sample> collect(RequestStream& s, int n) {
-  std::vector<Sample> out((size_t)n);
-  OutputEvent ev;
-  while (s.next(&ev)) {
-    EXPECT_TRUE(ev.error.ok()) << ev.error.message();
-    if (!ev.error.ok()) break;
-    Sample& o = out[(size_t)ev.index];
-    o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-    o.text += ev.text;
-    for (const auto& lp : ev.logprobs) {
-      o.chosen_logprobs.push_back(lp.chosen.logprob);
-      for (const auto& t : lp.top) o.top_logprobs.push_back(t.logprob);
-    }
-    if (ev.finish != FinishReason::none) o.finish = ev.finish;
-  }
-  return out;
-}
-
-Request greedy_request(std::vector<TokenId> prompt, int max_tokens, int logprobs = 5) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.params.temperature = 0;
-  r.params.max_tokens = max_tokens;
-  r.params.logprobs = logprobs;
-  r.params.ignore_eos = true;
-  return r;
-}
 
 // 32 prompts of mixed lengths; half share a 40-token prefix.
 std::vector<std::vector<TokenId>> mixed_prompts() {

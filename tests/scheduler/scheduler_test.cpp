@@ -77,10 +77,12 @@ struct Harness {
     const SchedulerConfig& c = s->config();
     int32_t sum = 0;
     for (const ScheduledSeq& ss : out.seqs) {
-      sum += ss.n_tokens;
+      sum += ss.n_tokens + ss.n_draft;
       EXPECT_GE(ss.n_tokens, 1);
       EXPECT_EQ(static_cast<int32_t>(ss.tokens.size()), ss.n_tokens);
-      EXPECT_GE(static_cast<int64_t>(ss.block_table.size()) * kv->block_size(), ss.start_pos + ss.n_tokens);
+      EXPECT_GE(static_cast<int64_t>(ss.block_table.size()) * kv->block_size(),
+                ss.start_pos + ss.n_tokens + ss.n_draft);
+      if (ss.n_draft > 0) EXPECT_TRUE(ss.n_tokens == 1 && ss.needs_logits);
     }
     EXPECT_EQ(sum, out.n_tokens);
     if (!out.preempted.empty() || !out.swap_out.empty()) {
@@ -549,6 +551,139 @@ TEST(Scheduler, RandomWorkloadIsDeterministicAndDrains) {
     EXPECT_EQ(a.first, b.first);
     EXPECT_GT(a.second, 0) << "the workload should exercise preemption";
   }
+}
+
+
+// --- speculative decoding: draft slots, budget, rollback, adaptive length ---
+
+// Speculating harness step: every decode with draft slots "drafts" n_draft
+// tokens 2000.. and the target accepts `accept` of them (then samples 1000 + step).
+SchedulerOutput spec_step(Harness& h, int32_t accept) {
+  SchedulerOutput out = h.s->schedule();
+  h.check(out);
+  std::vector<SeqAdvance> adv;
+  for (const ScheduledSeq& ss : out.seqs) {
+    if (!ss.needs_logits) continue;
+    SeqAdvance a{ss.seq, {}, ss.n_draft};
+    for (int32_t j = 0; j < std::min(accept, ss.n_draft); ++j) a.tokens.push_back(2000 + j);
+    a.tokens.push_back(static_cast<TokenId>(1000 + out.step));
+    adv.push_back(a);
+  }
+  h.s->update(out, adv);
+  return out;
+}
+
+TEST(SchedulerSpec, DraftSlotsCountInBudgetAndRollBack) {
+  SchedulerConfig c = config(16);
+  c.draft_max = 4;
+  Harness h(32, 4, c);
+  h.add(req(1, range(1, 6), 40));
+  SeqRequest plain = req(2, range(100, 3), 40);
+  plain.speculate = false;
+  h.add(plain);
+  // Prefill: no drafts.
+  SchedulerOutput out = spec_step(h, 0);
+  EXPECT_EQ(brief(out), "1:0+6* 2:0+3*");
+  EXPECT_EQ(out.seqs[0].n_draft, 0);
+  // Decode: seq 1 gets draft_max slots (its first draft), seq 2 none; the
+  // budget counts them: 1 + 4 + 1.
+  out = spec_step(h, 1);
+  EXPECT_EQ(brief(out), "1:6+1* 2:3+1*");
+  EXPECT_EQ(out.seqs[0].n_draft, 4);
+  EXPECT_EQ(out.seqs[1].n_draft, 0);
+  EXPECT_EQ(out.n_tokens, 6);
+  // Positions 6..10 were written; 1 draft accepted -> 8 computed, 9 tokens.
+  EXPECT_EQ(h.s->num_computed(1), 8);
+  EXPECT_EQ(h.s->tokens(1).size(), 9u);
+  EXPECT_EQ(h.s->tokens(1)[7], 2000);
+  EXPECT_EQ(h.s->tokens(1)[8], 1001);
+  // Rollback: blocks for 8 positions remain (the 11 written needed 3).
+  EXPECT_EQ(h.table(1).size(), 2u);
+  // Adaptive length: mean accepted 1 -> k = 2.
+  EXPECT_EQ(h.s->draft_len(1), 2);
+  EXPECT_EQ(h.s->draft_len(2), 0);
+}
+
+// 64 blocks of 4 tokens, budget 64; seq 1 with a 4-token prompt, prefilled.
+std::unique_ptr<Harness> spec_harness(int32_t draft_max, int32_t draft_min, int64_t max_total) {
+  SchedulerConfig c = config(64);
+  c.draft_max = draft_max;
+  c.draft_min = draft_min;
+  auto h = std::make_unique<Harness>(64, 4, c);
+  h->add(req(1, range(1, 4), max_total));
+  spec_step(*h, 0);  // prefill
+  return h;
+}
+
+TEST(SchedulerSpec, DraftLengthAdaptsAndRespectsLimits) {
+  auto hp = spec_harness(6, 2, 60);
+  Harness& h = *hp;
+  // Nothing accepted: k falls to draft_min (never below).
+  for (int i = 0; i < 8; ++i) spec_step(h, 0);
+  EXPECT_EQ(h.s->draft_len(1), 2);
+  // Everything accepted: k climbs back to draft_max.
+  for (int i = 0; i < 12; ++i) spec_step(h, 100);
+  EXPECT_EQ(h.s->draft_len(1), 6);
+  // Never past max_total_tokens: the accepted drafts plus one sampled token fit.
+  while (!h.s->length_reached(1)) {
+    const SchedulerOutput out = spec_step(h, 100);
+    ASSERT_EQ(out.seqs.size(), 1u);
+    EXPECT_LE(static_cast<int64_t>(h.s->tokens(1).size()), 60);
+  }
+  EXPECT_EQ(h.s->tokens(1).size(), 60u);
+  h.s->finish(1);
+  EXPECT_EQ(h.kv->n_free_blocks(), 64);
+}
+
+TEST(SchedulerSpec, UselessDraftsPauseAndProbe) {
+  auto hp = spec_harness(4, 0, 200);
+  Harness& h = *hp;
+  SchedulerOutput out = spec_step(h, 0);
+  EXPECT_EQ(out.seqs[0].n_draft, 4);
+  // Nothing accepted: the running mean drops below the pause threshold, then
+  // one probe draft per kProbeEvery decodes.
+  std::vector<int32_t> ks;
+  for (int i = 0; i < 3 * (Scheduler::kProbeEvery + 1); ++i) ks.push_back(spec_step(h, 0).seqs[0].n_draft);
+  std::vector<int32_t> want;
+  for (int r = 0; r < 3; ++r) {
+    want.insert(want.end(), Scheduler::kProbeEvery, 0);
+    want.push_back(1);  // a probe: ceil(mean 0) + 1
+  }
+  EXPECT_EQ(ks, want);
+  // Probes that succeed bring speculation back.
+  for (int i = 0; i < 3 * (Scheduler::kProbeEvery + 1); ++i) spec_step(h, 100);
+  EXPECT_GE(h.s->draft_len(1), 2);
+}
+
+TEST(SchedulerSpec, BudgetAndMemoryLimitDrafts) {
+  SchedulerConfig c = config(3);
+  c.draft_max = 8;
+  Harness h(3, 4, c);
+  h.add(req(1, range(1, 3), 12));
+  spec_step(h, 0);
+  // Budget 3: one decode token and at most 2 drafts.
+  SchedulerOutput out = spec_step(h, 0);
+  EXPECT_EQ(out.seqs[0].n_draft, 2);
+  // Pool of 3 blocks (12 positions); drafts that do not fit are dropped
+  // rather than preempting: fill up and watch n_draft shrink to what fits.
+  while (!h.s->length_reached(1)) {
+    out = spec_step(h, 100);
+    EXPECT_TRUE(out.preempted.empty());
+  }
+  EXPECT_EQ(h.s->n_preemptions(), 0);
+}
+
+TEST(SchedulerSpec, ValidateDraftLimits) {
+  SchedulerConfig c;
+  c.draft_max = -1;
+  EXPECT_FALSE(Scheduler::validate(c).ok());
+  c.draft_max = Scheduler::kMaxDraft + 1;
+  EXPECT_FALSE(Scheduler::validate(c).ok());
+  c.draft_max = 4;
+  c.draft_min = 5;
+  EXPECT_FALSE(Scheduler::validate(c).ok());
+  c.draft_min = 4;
+  EXPECT_TRUE(Scheduler::validate(c).ok());
 }
 
 }  // namespace

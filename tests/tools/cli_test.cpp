@@ -169,3 +169,34 @@ TEST(Cli, BenchModelJsonHasLlamaBenchFields) {
   EXPECT_NE(md.out.find("| pp8 |"), std::string::npos) << md.out;
   expect_usage_error("bench model -m " + kStories + " -p 0 -n 0", "nothing to run");
 }
+
+// Speculative decoding from the CLI: greedy output unchanged with n-gram and
+// draft-model speculation, the figures printed, bad flags refused in one line.
+TEST(Cli, SpeculativeRunMatchesGoldenAndBenchReportsAcceptance) {
+  std::ifstream in(kShared + "/golden/stories260K-greedy.json");
+  const auto golden = nlohmann::json::parse(in);
+  const auto& c = golden["cases"][0];
+  const std::string prompt = c["prompt"];
+  for (const std::string& spec : {std::string("--spec ngram --draft-max 3"), "--draft-model " + kStories}) {
+    Result r = run("run -m " + kStories + " -p '" + prompt + "' -n 200 --temp 0 -t 1 " + spec);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out, prompt + c["greedy_text"].get<std::string>() + "\n") << spec;
+    EXPECT_NE(r.err.find("accepted"), std::string::npos) << r.err;
+  }
+  Result b = run("bench throughput -m " + kStories + " --spec ngram --requests 2 --gen-len 32 -t 1 -o json");
+  ASSERT_EQ(b.status, 0) << b.err;
+  const auto j = nlohmann::json::parse(b.out);
+  EXPECT_GT(j["speculative"]["spec_draft_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(j["baseline"]["spec_draft_tokens"].get<int64_t>(), 0);
+  EXPECT_GT(j["gen_tok_s_ratio"].get<double>(), 0.0);
+
+  expect_usage_error("run -m " + kStories + " -p hi --spec draft", "--draft-model");
+  expect_usage_error("run -m " + kStories + " -p hi --spec magic", "--spec");
+  expect_usage_error("run -m " + kStories + " -p hi --spec ngram --draft-max 0", "--draft-max");
+  expect_usage_error("run -m " + kStories + " -p hi --spec ngram --ngram-min 5 --ngram-max 2", "--ngram-min");
+  const std::string gpt2 = ::testing::TempDir() + "/serval_gpt2_draft.gguf";
+  ASSERT_EQ(run("gguf synth --shape tiny --type q8_0 --vocab " + kShared +
+                "/tokenizer-vectors/ggml-vocab-gpt-2.gguf -t 1 -o " + gpt2).status, 0);
+  expect_usage_error("run -m " + kStories + " -p hi --draft-model " + gpt2, "vocabulary");
+  std::remove(gpt2.c_str());
+}
