@@ -10,6 +10,7 @@ PKGS=(
   python3 python3-jinja2
   libpcre2-dev
   libboost-dev curl nodejs
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev   # scripts/fuzz.sh (libFuzzer + ASan/UBSan runtimes)
 )
 
 missing=()
