@@ -16,6 +16,7 @@ Figures (peak RSS, requests served) are printed for docs/RELIABILITY.md."""
 
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -241,6 +242,36 @@ def poisoned_request_in_full_batch(_):
             check(srv.alive(), f"{name}: the server died")
         print("  " + "; ".join(outcomes))
         check(wait_kv_idle(srv.port) is not None, "KV blocks still in use after the poisoned batches")
+
+
+# ------------------------------------------------------------------ SIGTERM with a queue
+
+@suite.test
+def sigterm_drains_queued_requests(_):
+    """More accepted requests than the batch holds: on SIGTERM the waiting ones
+    are not dropped either; every accepted request runs to its end."""
+    srv = Server("--max-seqs", "2", "--drain-timeout", "120", name="sigterm-queue")
+    with srv:
+        n, gen = 8, 150
+        body = {"prompt": "Once upon a time", "max_tokens": gen, "temperature": 0, "ignore_eos": True}
+        results = [None] * n
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(srv.port, C, dict(body, seed=i),
+                                                                                   timeout=180)), daemon=True)
+                   for i in range(n)]
+        for t in threads:
+            t.start()
+        queued, _ = wait_until(lambda: (metrics(srv.port).get("serval_requests_waiting") or 0) > 0
+                               and metrics(srv.port).get("serval_http_requests_in_flight") == n, timeout=30)
+        check(queued, "the requests never queued up behind the 2-sequence batch")
+        srv.signal(signal.SIGTERM)
+        for t in threads:
+            t.join(180)
+        for i, r in enumerate(results):
+            check(r is not None, f"request {i}: no answer")
+            eq(r.status, 200, f"request {i} status (accepted before SIGTERM)")
+            eq(r.json()["usage"]["completion_tokens"], gen, f"request {i} completion_tokens")
+        eq(srv.wait(timeout=60), 0, "exit status after draining")
+        print(f"  {n} requests (2 running, the rest queued) all completed after SIGTERM; exit 0")
 
 
 # ------------------------------------------------------------------ soak
