@@ -144,6 +144,11 @@ def main():
              "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
              "presence_penalty": 0.5, "frequency_penalty": -0.5}),
     ]
+    bodies += [
+        (0, {"prompt": "x", "temperature": 1e300, "logit_bias": {"5": -1e300}}),  # past float range
+        (1, {"messages": [{"role": "user", "content": "{{ 7 * 7 }}"}], "chat_template": "{{ 1 }}",
+             "chat_template_kwargs": {"enable_thinking": True}}),
+    ]
     for i, (chat, body) in enumerate(bodies):
         write("openai_request", f"body{i}", bytes([chat]) + json.dumps(body).encode())
     write("openai_request", "nested", b"\0" + b'{"prompt": "x", "user": ' + b"[" * 70 + b"]" * 70 + b"}")

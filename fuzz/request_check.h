@@ -35,12 +35,12 @@ inline void parse_and_check(const std::string& body, bool chat) {
   require(!req.prompts.empty(), "at least one prompt");
   require(req.prompts.size() == req.prompt_texts.size(), "one text per prompt");
   require(req.n >= 1 && req.n <= ctx.limits.max_n, "n in [1, max_n]");
-  require(req.params.max_tokens >= 0, "max_tokens >= 0");
+  const auto& max_tokens = req.params.max_tokens;  // absent: up to the context
+  if (max_tokens) require(*max_tokens >= 1, "max_tokens >= 1");
   for (const auto& ids : req.prompts) {
     require(!ids.empty(), "non-empty prompt");
     require((int64_t)ids.size() < ctx.max_model_len, "prompt shorter than the context");
-    if (req.params.max_tokens > 0)
-      require((int64_t)ids.size() + req.params.max_tokens <= ctx.max_model_len, "prompt + max_tokens fit");
+    if (max_tokens) require((int64_t)ids.size() + *max_tokens <= ctx.max_model_len, "prompt + max_tokens fit");
     for (TokenId id : ids) require(id >= 0 && id < ctx.n_vocab, "prompt id in range");
   }
   for (const auto& [id, bias] : req.params.logit_bias) require(id >= 0 && id < ctx.n_vocab, "logit_bias id in range");

@@ -5,6 +5,7 @@
 #   scripts/fuzz.sh                     CI mode: every harness 30 s, 2 at a time
 #   scripts/fuzz.sh --seconds 1800      long mode (docs/RELIABILITY.md figures)
 #   scripts/fuzz.sh --jobs 1 gguf http_request
+#   scripts/fuzz.sh --no-build ...      run what build-fuzz/ already holds
 #
 # Seeds: fuzz/corpus/<harness>/ (read-only, in the repo) plus, for the chat
 # templates and the tokenizer, ../shared's real templates and test vectors.
@@ -22,13 +23,15 @@ MALLOC_MB=512    # one allocation past this is a finding (-malloc_limit_mb)
 TIMEOUT_S=10     # one input running longer is a finding
 ALL=(gguf tokenizer chat_template openai_request http_request)
 HARNESSES=()
+BUILD=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) SECONDS_EACH="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
     --rss-limit-mb) RSS_MB="$2"; shift 2 ;;
     --malloc-limit-mb) MALLOC_MB="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --no-build) BUILD=0; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) HARNESSES+=("$1"); shift ;;
   esac
@@ -39,8 +42,10 @@ if [ ! -d ../shared/models ]; then
   exit 2
 fi
 
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz --target fuzz_all -j"${FUZZ_BUILD_JOBS:-$(nproc)}"
+if [ "$BUILD" = 1 ]; then
+  cmake --preset fuzz >/dev/null
+  cmake --build --preset fuzz --target fuzz_all -j"${FUZZ_BUILD_JOBS:-$(nproc)}"
+fi
 
 OUT=build-fuzz
 mkdir -p "$OUT/artifacts" "$OUT/logs"
