@@ -23,7 +23,8 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from harness import (  # noqa: E402
-    Response, Server, Suite, check, check_error_body, eq, get, metrics, post, run_threads, short, stream, wait_until)
+    Config, Response, Server, Suite, check, check_error_body, eq, get, metrics, post, run_threads, short, stream,
+    wait_until)
 
 suite = Suite("server_load")
 C, H = "/v1/completions", "/v1/chat/completions"
@@ -139,7 +140,9 @@ def overload_ramp_3x(_):
             else:
                 check(counts.get(429, 0) > 0, f"{mult}x: no 429 although clients exceed --max-queue-requests")
         sampler.finish()
-        check(peaks[3] <= peaks[2] * 1.10 + 16 * 1024,
+        # Under ASan freed memory sits in quarantine (256 MiB), so RSS says nothing
+        # there; LeakSanitizer checks the server at exit instead.
+        check(Config.sanitized or peaks[3] <= peaks[2] * 1.10 + 16 * 1024,
               f"resident memory grows with overload: peak {peaks[2] / 1024:.1f} MiB at 2x, {peaks[3] / 1024:.1f} MiB at 3x")
         check(wait_kv_idle(srv.port) is not None, "KV blocks still in use after the overload")
         eq(post(srv.port, C, GREEDY).json()["choices"][0]["text"], solo, "greedy text after the overload")
@@ -341,7 +344,7 @@ def soak_no_growth(_):
         print(f"  {seconds:.0f} s, {served[0]} requests; peak RSS {rss1 / 1024:.1f} MiB (first third) -> "
               f"{rss2 / 1024:.1f} MiB (last third); threads {thr1} -> {thr2}; fds at the start "
               f"{samples[0][3]}, at the end (idle) {end[2]}")
-        check(rss2 <= rss1 * 1.05 + 4 * 1024, f"RSS grew from {rss1} KiB to {rss2} KiB")
+        check(Config.sanitized or rss2 <= rss1 * 1.05 + 4 * 1024, f"RSS grew from {rss1} KiB to {rss2} KiB")
         check(thr2 <= thr1, f"threads grew from {thr1} to {thr2}")
         check(end[1] <= samples[0][2], f"threads at the end {end[1]} > at the start {samples[0][2]}")
         check(end[2] <= samples[0][3] + 1, f"open fds grew from {samples[0][3]} to {end[2]}")
