@@ -17,6 +17,10 @@ cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j"$(nproc)"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-export SERVAL_SANITIZED=1  # server tests: timing bounds scaled for the slower binary
-# The Node SDK suite (label network) runs in the release stage; it adds nothing here.
-ctest --preset fuzz -j"$(nproc)" -LE network "$@"
+export SERVAL_SANITIZED=1              # server tests: no RSS-plateau checks (ASan quarantine)
+export SERVAL_TIME_SCALE="${SERVAL_TIME_SCALE:-4}"  # latency bounds x4 for the slower binaries
+# Left to the release stage: the Node SDK suite (label network; nothing native
+# to check) and the teacher-forced comparison of every mini quant format (75 s
+# in Release, over 5 min under ASan; the same forward code runs here through
+# the stories260K golden, batch-forward and kernel tests).
+ctest --preset fuzz -j"$(nproc)" -LE network -E 'MiniFormatsTeacherForcedMatchLlamaCpp' "$@"
