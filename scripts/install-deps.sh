@@ -11,6 +11,7 @@ PKGS=(
   libpcre2-dev
   libboost-dev curl nodejs
   prometheus
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev   # scripts/fuzz.sh (libFuzzer + ASan/UBSan runtimes)
 )
 
 missing=()

@@ -44,7 +44,7 @@ int cmd_serve(int argc, char** argv) {
   int64_t max_queue_tokens = 1 << 20;
   double request_timeout = 0, drain_timeout = 30;
   int read_timeout = 30, max_n = 16;
-  bool no_prefix_cache = false;
+  bool no_prefix_cache = false, shared_prefix_cache = false;
   std::string otlp_endpoint, log_format = "text", price_table_file, energy_source = "cpu";
   double slo_ttft_ms = 0, slo_itl_ms = 0, slo_availability = 0, watts_per_core = 0, grid_intensity = 0;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
@@ -64,6 +64,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-seqs", max_seqs, "sequences per engine step")->check(CLI::Range(1, 1 << 16));
   app.add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   app.add_flag("--no-prefix-caching", no_prefix_cache, "disable prefix caching");
+  app.add_flag("--shared-prefix-cache", shared_prefix_cache,
+               "one prefix cache for all API keys (default: one per key, so tenants cannot see each other's prompts)");
   app.add_option("--max-body-bytes", max_body, "largest request body (413 past it)")->check(CLI::Range((size_t)1024, (size_t)1 << 30));
   app.add_option("--max-header-bytes", max_header, "largest request headers (431 past it)")->check(CLI::Range((size_t)1024, (size_t)1 << 20));
   app.add_option("--read-timeout", read_timeout, "seconds for a request's headers and body to arrive")->check(CLI::Range(1, 3600));
@@ -105,6 +107,7 @@ int cmd_serve(int argc, char** argv) {
   }
   server::ServerConfig scfg;
   scfg.api_keys = api_keys;
+  scfg.shared_prefix_cache = shared_prefix_cache;
   scfg.model_name = served_name;
   if (!chat_template_file.empty()) {
     std::string t;

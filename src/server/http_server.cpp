@@ -2,11 +2,13 @@
 
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
+#include <algorithm>
 #include <cctype>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 namespace serval::http {
 
@@ -29,7 +31,66 @@ const char* reason_of(int status) {
   return bhttp::obsolete_reason(static_cast<bhttp::status>(status)).data();
 }
 
+using BeastRequest = bhttp::request<bhttp::string_body>;
+
+void set_limits(bhttp::request_parser<bhttp::string_body>& p, const HttpServerConfig& cfg) {
+  p.header_limit((std::uint32_t)std::min<size_t>(cfg.max_header_bytes, UINT32_MAX));
+  p.body_limit((std::uint64_t)cfg.max_body_bytes);
+}
+
+// The answer to a parse error of a request that had started (not EOF/timeout).
+std::pair<int, std::string> rejection(const beast::error_code& ec, const HttpServerConfig& cfg) {
+  if (ec == bhttp::error::header_limit) return {431, "request headers are too large"};
+  if (ec == bhttp::error::body_limit)
+    return {413, "request body is too large (limit " + std::to_string(cfg.max_body_bytes) + " bytes)"};
+  return {400, "malformed HTTP request: " + ec.message()};
+}
+
+HttpRequest to_http_request(BeastRequest&& msg) {
+  HttpRequest req;
+  req.method = std::string(msg.method_string());
+  std::string target(msg.target());
+  const auto q = target.find('?');
+  req.path = target.substr(0, q);
+  if (q != std::string::npos) req.query = target.substr(q + 1);
+  for (const auto& f : msg) {
+    std::string name(f.name_string());
+    for (auto& c : name) c = (char)std::tolower((unsigned char)c);
+    req.headers.emplace_back(std::move(name), std::string(f.value()));
+  }
+  req.body = std::move(msg.body());
+  return req;
+}
+
 }  // namespace
+
+ParsedHttpRequest parse_http_request(std::string_view bytes, const HttpServerConfig& cfg) {
+  ParsedHttpRequest out;
+  bhttp::request_parser<bhttp::string_body> p;
+  set_limits(p, cfg);
+  p.eager(true);
+  beast::error_code ec;
+  size_t used = 0;
+  while (!p.is_done() && used < bytes.size()) {
+    const size_t n = p.put(net::buffer(bytes.data() + used, bytes.size() - used), ec);
+    if (ec == bhttp::error::need_more) break;
+    if (ec) {
+      std::tie(out.status, out.message) = rejection(ec, cfg);
+      return out;
+    }
+    if (n == 0) break;
+    used += n;
+  }
+  if (!p.is_done()) {
+    out.status = 408;  // what the server answers once --read-timeout expires
+    out.message = "request timed out";
+    return out;
+  }
+  out.consumed = used;
+  out.keep_alive = p.get().keep_alive();
+  out.request = to_http_request(p.release());
+  return out;
+}
 
 struct HttpServer::Impl {
   HttpServerConfig cfg;
@@ -134,8 +195,7 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void do_read() {
     parser_.emplace();
-    parser_->header_limit((std::uint32_t)srv_->cfg.max_header_bytes);
-    parser_->body_limit((std::uint64_t)srv_->cfg.max_body_bytes);
+    set_limits(*parser_, srv_->cfg);
     stream_.expires_after(std::chrono::seconds(first_request_ ? srv_->cfg.read_timeout_s : srv_->cfg.idle_timeout_s));
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              beast::bind_front_handler(&Session::on_header, shared_from_this()));
@@ -167,29 +227,17 @@ class Session : public std::enable_shared_from_this<Session> {
       if (parser_ && parser_->got_some()) return reject(408, "request timed out");
       return close();
     }
-    if (ec == bhttp::error::header_limit) return reject(431, "request headers are too large");
-    if (ec == bhttp::error::body_limit)
-      return reject(413, "request body is too large (limit " + std::to_string(srv_->cfg.max_body_bytes) + " bytes)");
     if (ec) {
-      if (parser_ && parser_->got_some()) return reject(400, "malformed HTTP request: " + ec.message());
+      if (ec == bhttp::error::header_limit || ec == bhttp::error::body_limit || (parser_ && parser_->got_some())) {
+        auto [status, message] = rejection(ec, srv_->cfg);
+        return reject(status, message);
+      }
       return close();
     }
     first_request_ = false;
-    auto msg = parser_->release();
-    HttpRequest req;
-    req.method = std::string(msg.method_string());
-    std::string target(msg.target());
-    const auto q = target.find('?');
-    req.path = target.substr(0, q);
-    if (q != std::string::npos) req.query = target.substr(q + 1);
-    for (const auto& f : msg) {
-      std::string name(f.name_string());
-      for (auto& c : name) c = (char)std::tolower((unsigned char)c);
-      req.headers.emplace_back(std::move(name), std::string(f.value()));
-    }
-    req.body = std::move(msg.body());
+    keep_alive_ = parser_->get().keep_alive();
+    HttpRequest req = to_http_request(parser_->release());
     req.remote = remote_;
-    keep_alive_ = msg.keep_alive();
     ++req_no_;
     responded_ = streaming_ = stream_ended_ = false;
     channel_ = std::make_shared<Channel>(weak_from_this(), req_no_);

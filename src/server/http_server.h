@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -70,6 +71,19 @@ struct HttpServerConfig {
   int idle_timeout_s = 60;           // keep-alive connection with no request
   size_t max_connections = 4096;     // further connections are closed at once
 };
+
+// One request parsed from raw bytes by the same parser, limits and error
+// mapping the server uses on its sockets (tests and fuzzing). status == 0:
+// `request` holds the request; otherwise the status and message the server
+// answers with (431, 413, 400; 408 for bytes that end before the request does).
+struct ParsedHttpRequest {
+  int status = 0;
+  std::string message;
+  std::optional<HttpRequest> request;
+  size_t consumed = 0;  // bytes of the request (a pipelined one may follow)
+  bool keep_alive = false;
+};
+ParsedHttpRequest parse_http_request(std::string_view bytes, const HttpServerConfig& cfg);
 
 class HttpServer {
  public:

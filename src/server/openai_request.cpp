@@ -1,6 +1,7 @@
 #include "server/openai_request.h"
 
 #include <cmath>
+#include <limits>
 
 #include "common/json_depth.h"
 
@@ -11,6 +12,18 @@ using json = nlohmann::ordered_json;
 int json_depth(std::string_view text) { return json_nesting_depth(text); }
 
 namespace {
+
+// double -> float without the undefined behaviour of casting a value out of
+// float's range (1e300 becomes inf, which validation then refuses).
+float narrow(double d) {
+  if (d > (double)std::numeric_limits<float>::max()) return std::numeric_limits<float>::infinity();
+  if (d < -(double)std::numeric_limits<float>::max()) return -std::numeric_limits<float>::infinity();
+  return (float)d;
+}
+
+// Request fields that would let a client choose or parameterise the chat
+// template: the template is the operator's (--chat-template or the model's).
+constexpr const char* kRefusedFields[] = {"chat_template", "chat_template_kwargs", "template"};
 
 struct Reader {
   const json& j;
@@ -64,7 +77,7 @@ struct Reader {
     return v->get<bool>();
   }
   void fnum(const char* key, float* out) {
-    if (auto v = number(key)) *out = (float)*v;
+    if (auto v = number(key)) *out = narrow(*v);
   }
 };
 
@@ -97,6 +110,11 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
   ParsedRequest r;
   r.chat = chat;
   Reader rd{j, std::nullopt};
+  for (const char* f : kRefusedFields)
+    if (rd.get(f))
+      return bad_request(std::string(f) + ": not supported; the chat template is the server's (the model's or "
+                                          "--chat-template)",
+                         f);
 
   if (const json* m = rd.get("model")) {
     if (!m->is_string()) return bad_request("model: expected a string", "model");
@@ -185,7 +203,7 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
         return bad_request("logit_bias: '" + key + "' is not a token id in [0, " + std::to_string(ctx.n_vocab) + ")",
                            "logit_bias");
       if (!it.value().is_number()) return bad_request("logit_bias: bias for token " + key + " is not a number", "logit_bias");
-      p.logit_bias.push_back({(TokenId)id, it.value().get<float>()});
+      p.logit_bias.push_back({(TokenId)id, narrow(it.value().get<double>())});
     }
   }
   if (chat) {

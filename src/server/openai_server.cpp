@@ -25,6 +25,23 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// The key after "Bearer " in the Authorization header; empty when absent.
+std::string bearer_token(const http::HttpRequest& req) {
+  const std::string h = req.header("authorization");
+  const std::string prefix = "Bearer ";
+  return h.rfind(prefix, 0) == 0 ? h.substr(prefix.size()) : std::string();
+}
+
+// Prefix-cache salt of an (authorized) request: one cache namespace per API
+// key, so a tenant cannot learn another's prompts from cache-hit timing or
+// cached_tokens. 0 (one shared namespace) without keys or when configured.
+uint64_t tenant_salt(const ServerConfig& cfg, const http::HttpRequest& req) {
+  if (cfg.api_keys.empty() || cfg.shared_prefix_cache) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : bearer_token(req)) h = (h ^ c) * 0x100000001b3ull;
+  return h ? h : 1;
+}
+
 // Constant-time string equality (the length is not secret).
 bool ct_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -319,9 +336,7 @@ void OpenAiServer::method_not_allowed(const std::shared_ptr<http::ResponseChanne
 
 int OpenAiServer::key_index(const http::HttpRequest& req) const {
   if (cfg_.api_keys.empty()) return 0;
-  const std::string h = req.header("authorization");
-  const std::string prefix = "Bearer ";
-  const std::string given = h.rfind(prefix, 0) == 0 ? h.substr(prefix.size()) : std::string();
+  const std::string given = bearer_token(req);
   int found = -1;
   for (size_t i = 0; i < cfg_.api_keys.size(); ++i)
     if (ct_equal(given, cfg_.api_keys[i]) && found < 0) found = (int)i;  // no early exit
@@ -440,6 +455,7 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
                       {{"Retry-After", std::to_string(retry)}});
   }
 
+  const uint64_t salt = tenant_salt(cfg_, http_req);
   auto job = std::make_shared<Job>();
   job->srv = this;
   job->id = random_id(chat ? "chatcmpl" : "cmpl");
@@ -467,6 +483,7 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
       er.params = job->req.params;
       er.n = job->req.n;
       er.priority = job->req.priority;
+      er.tenant_salt = salt;
       auto s = engine_.submit(std::move(er));
       if (!s.ok()) return job->fail(from_status(s.status()));
       job->streams.push_back(*s);

@@ -28,6 +28,7 @@ namespace serval::server {
 
 struct ServerConfig {
   std::vector<std::string> api_keys;         // empty: no auth
+  bool shared_prefix_cache = false;          // false: prefix cache salted per API key (tenant isolation)
   std::string model_name;                    // id served under /v1/models; empty: from the model
   std::optional<std::string> chat_template;  // from --chat-template (overrides the model's)
   size_t max_inflight_requests = 256;        // accepted and not finished; past it: 429

@@ -30,14 +30,6 @@ int hex_digit(char c) {
   return -1;
 }
 
-// "<0xAB>" -> 0xAB; -1 for any other text.
-int parse_byte_token(std::string_view t) {
-  if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return -1;
-  const int hi = hex_digit(t[3]);
-  const int lo = hex_digit(t[4]);
-  return (hi < 0 || lo < 0) ? -1 : hi * 16 + lo;
-}
-
 // Byte-level BPE text -> bytes. A character outside the 256-entry mapping
 // (malformed vocab) is kept as its own UTF-8.
 std::string bpe_chars_to_bytes(std::string_view text) {
@@ -54,6 +46,13 @@ std::string bpe_chars_to_bytes(std::string_view text) {
 }
 
 }  // namespace
+
+int parse_byte_token(std::string_view t) {
+  if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return -1;
+  const int hi = hex_digit(t[3]);
+  const int lo = hex_digit(t[4]);
+  return (hi < 0 || lo < 0) ? -1 : hi * 16 + lo;
+}
 
 std::string render_piece(const Vocab& vocab, TokenId id) {
   const TokenData& t = vocab.tokens[static_cast<size_t>(id)];

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "tokenizer/vocab.h"
 
@@ -14,6 +15,9 @@ namespace serval {
 // -> their bytes; control, unknown and user-defined tokens -> their text;
 // unused/undefined tokens -> "". Requires vocab.valid(id).
 std::string render_piece(const Vocab& vocab, TokenId id);
+
+// "<0xAB>" -> 0xAB (either case of hex digit); -1 for any other text.
+int parse_byte_token(std::string_view text);
 
 // HF's clean_up_tokenization_spaces, as llama.cpp applies it: removes the
 // space before ? ! . , and before 's 'm 're 've, and the spaces around a lone

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "tokenizer/detokenizer.h"
+
 namespace serval {
 
 namespace {
@@ -165,6 +167,12 @@ Status read_tokens(const gguf::GgufFile& f, Vocab& v) {
       int64_t tt = 0;
       as_int64(types.value()->items[i], tt);
       t.attr = attr_from_type(tt);
+      // A byte token stands for one byte: "<0x-1>" or "<0x100>" would make
+      // byte fallback and rendering guess. Refuse the file instead.
+      if ((t.attr & token_attr::byte) && parse_byte_token(t.text) < 0) {
+        return invalid_file(std::string("metadata key '") + kKeyTokens + "': token " + std::to_string(i) + " '" +
+                            t.text + "' has type BYTE but is not of the form <0xHH>");
+      }
     }
     auto [it, inserted] = v.text_to_id.emplace(t.text, static_cast<TokenId>(i));
     if (!inserted) {

@@ -40,6 +40,10 @@ class Config:
     serval = os.path.join(REPO, "build", "serval")
     shared = os.path.join(REPO, "..", "shared")
     verbose = False
+    # Latency bounds in the tests are multiplied by this: a sanitized server
+    # (scripts/test-sanitize.sh sets SERVAL_SANITIZED) runs several times slower.
+    sanitized = bool(os.environ.get("SERVAL_SANITIZED"))
+    time_scale = float(os.environ.get("SERVAL_TIME_SCALE", "4" if os.environ.get("SERVAL_SANITIZED") else "1"))
 
     @classmethod
     def model(cls):
@@ -530,8 +534,21 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+        log = self.log()
         self.cleanup_log()
+        report = sanitizer_report(log)
+        if report and exc[0] is None:
+            raise AssertionError(f"server '{self.name}': sanitizer report in its log:\n{report}")
         return False
+
+
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer")
+
+
+def sanitizer_report(log):
+    """The first sanitizer report in a server log (ASan, LSan, UBSan), or ''."""
+    at = min((i for i in (log.find(m) for m in SANITIZER_MARKERS) if i >= 0), default=-1)
+    return log[max(0, at - 200):at + 3000] if at >= 0 else ""
 
 
 def _print_log_tails(lines=15):

@@ -17,7 +17,7 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from harness import (  # noqa: E402
-    Server, Suite, check, check_error_body, eq, get, parse_raw_response, post, read_all, request,
+    Config, Server, Suite, check, check_error_body, eq, get, parse_raw_response, post, read_all, request,
     short, stream)
 
 suite = Suite("server_bad_requests")
@@ -247,6 +247,22 @@ def range_cases():
         Case("presence_penalty -3", C, dict(p, presence_penalty=-3), param="presence_penalty"),
         Case("stop_token_ids out of range", C, dict(p, stop_token_ids=[N_VOCAB]), param="stop_token_ids"),
         Case("suffix (unsupported)", C, dict(p, suffix="The end."), param="suffix"),
+        Case("logit_bias bias 1e300 (past float)", C, dict(p, logit_bias={"5": 1e300})),
+        Case("temperature 1e300 (past float)", H, dict(m, temperature=1e300), param="temperature"),
+    ]
+
+
+def template_cases():
+    """The chat template is the operator's: a request cannot bring or parameterise one."""
+    p = {"prompt": "Once upon a time"}
+    m = {"messages": MSG}
+    ssti = "{{ cycler.__init__.__globals__.os.popen('id').read() }}"
+    return [
+        Case("chat_template in the request", H, dict(m, chat_template=ssti), param="chat_template"),
+        Case("chat_template_kwargs in the request", H, dict(m, chat_template_kwargs={"enable_thinking": True}),
+             param="chat_template_kwargs"),
+        Case("chat_template on completions", C, dict(p, chat_template="{{ 7 * 7 }}"), param="chat_template"),
+        Case("template field", H, dict(m, template="{% for x in range(10**9) %}{% endfor %}"), param="template"),
     ]
 
 
@@ -331,6 +347,11 @@ def table_wrong_types(ctx):
 @suite.test
 def table_ranges_and_limits(ctx):
     run_table(ctx, range_cases())
+
+
+@suite.test
+def table_templates(ctx):
+    run_table(ctx, template_cases())
 
 
 @suite.test
@@ -474,7 +495,7 @@ def slow_loris(ctx):
     eq(r.status, 200, "a normal request during the slow-loris attack")
     eq(r.json()["choices"][0]["text"], CANARY_TEXT, "its text")
     took = time.monotonic() - t0
-    check(took < 2.0, f"a normal request took {took:.2f} s during the slow-loris attack")
+    check(took < 2.0 * Config.time_scale, f"a normal request took {took:.2f} s during the slow-loris attack")
     for t in threads:
         t.join(READ_TIMEOUT + 10)
     problems = []

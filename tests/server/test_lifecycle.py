@@ -16,11 +16,11 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from harness import (  # noqa: E402
-    Response, Server, Suite, abort, check, check_error_body, eq, get, metric, metrics, post, run_threads, short,
+    Config, Response, Server, Suite, abort, check, check_error_body, eq, get, metric, metrics, post, run_threads, short,
     stream, wait_until)
 
 suite = Suite("server_lifecycle")
-FREE_WITHIN_S = 1.5  # KV blocks must be back this soon after a client goes away
+FREE_WITHIN_S = 1.5 * Config.time_scale  # KV blocks must be back this soon after a client goes away
 LONG = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
 
 
@@ -132,7 +132,7 @@ def request_timeout_frees_kv(_):
         r = post(srv.port, "/v1/completions", dict(LONG, n=4), timeout=30)
         took = time.monotonic() - t0
         e = check_error_body(r, (408, 504), "request past --request-timeout")
-        check(took < 3, f"the deadline answer took {took:.1f} s (deadline 0.4 s)")
+        check(took < 3 * Config.time_scale, f"the deadline answer took {took:.1f} s (deadline 0.4 s)")
         s = stream(srv.port, "/v1/completions", dict(LONG, n=2, stream=True), timeout=30)
         eq(s.status, 200, "streaming status")
         check(s.done, "a stream past its deadline still ends with [DONE]")
@@ -262,7 +262,8 @@ def sigterm_under_load_drains(_):
             check(e.wait(30), f"stream {i} never started")
         srv.signal(signal.SIGTERM)
         t_sig = time.monotonic()
-        ready, waited = wait_until(lambda: get(srv.port, "/ready").status == 503, timeout=2, interval=0.005)
+        ready, waited = wait_until(lambda: get(srv.port, "/ready").status == 503, timeout=2 * Config.time_scale,
+                                   interval=0.005)
         check(ready, "/ready did not turn 503 within 2 s of SIGTERM")
         r = get(srv.port, "/ready")
         check_error_body(r, 503, "/ready while draining")
@@ -300,7 +301,7 @@ def sigterm_idle_exits_zero(_):
         code = srv.wait(timeout=20)
         eq(code, 0, "exit status after SIGTERM when idle")
         took = time.monotonic() - t
-        check(took < 5, f"an idle server took {took:.1f} s to exit on SIGTERM")
+        check(took < 5 * Config.time_scale, f"an idle server took {took:.1f} s to exit on SIGTERM")
         try:
             socket.create_connection(("127.0.0.1", srv.port), timeout=1).close()
             raise AssertionError("the port still accepts connections after exit")

@@ -141,6 +141,25 @@ TEST(TokenizerValidation, DuplicateTokenText) {
   expect_error(w, StatusCode::invalid_file, {"tokenizer.ggml.tokens", "'a'", "4", "6"});
 }
 
+// A BYTE-typed token must read <0xHH>: "<0x-1>" and friends are refused
+// rather than guessed at by byte fallback and rendering.
+TEST(TokenizerValidation, MalformedByteTokenText) {
+  for (const char* bad : {"<0x-1>", "<0xZZ>", "<0x100>", "<0x>", "<0x0A", "0x0A>", "<0X0A>", "<0x 1>"}) {
+    GgufWriter w = spm_writer();
+    w.set("tokenizer.ggml.tokens", Value(test::string_array({"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", bad})));
+    w.set("tokenizer.ggml.token_type", Value(test::i32_array({2, 3, 3, 1, 1, 1, 6})));
+    SCOPED_TRACE(bad);
+    expect_error(w, StatusCode::invalid_file, {"tokenizer.ggml.tokens", "token 6", bad, "BYTE"});
+  }
+  // The same texts as NORMAL tokens are fine, and so are well-formed byte tokens in either case.
+  for (const char* text : {"<0x-1>", "<0x0a>", "<0xFF>"}) {
+    GgufWriter w = spm_writer();
+    w.set("tokenizer.ggml.tokens", Value(test::string_array({"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", text})));
+    w.set("tokenizer.ggml.token_type", Value(test::i32_array({2, 3, 3, 1, 1, 1, text[3] == '-' ? 1 : 6})));
+    EXPECT_TRUE(load_status(w).ok()) << text << ": " << load_status(w).message();
+  }
+}
+
 TEST(TokenizerValidation, UnsupportedModel) {
   GgufWriter w = spm_writer();
   w.set("tokenizer.ggml.model", Value("t5"));
