@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_test_util.h"
@@ -35,7 +36,9 @@ std::shared_ptr<const Model> synthetic_draft(const std::string& vocab_file = "mo
   opt.shape = *find_synth_shape("tiny");
   opt.type = DType::q8_0;
   opt.seed = 7;
-  const std::string path = testing::TempDir() + "/spec-draft-" + std::to_string(cache.size()) + ".gguf";
+  // One file per process and model: ctest runs tests of this binary in parallel processes.
+  const std::string path = testing::TempDir() + "/spec-draft-" + std::to_string(getpid()) + "-" +
+                           std::to_string(cache.size()) + ".gguf";
   EXPECT_TRUE(write_synthetic_model(opt, *vocab, path).ok());
   auto m = Model::load(path);
   EXPECT_TRUE(m.ok()) << m.status().message();
