@@ -42,6 +42,18 @@ uint64_t tenant_salt(const ServerConfig& cfg, const http::HttpRequest& req) {
   return h ? h : 1;
 }
 
+// The body of /tokenize or /detokenize as JSON (depth-bounded); the error to
+// send otherwise.
+std::optional<ApiError> parse_json_body(const std::string& body, int64_t max_depth, json* j) {
+  if ((int64_t)json_depth(body) > max_depth) return bad_request("request body nests too deeply");
+  try {
+    *j = json::parse(body);
+  } catch (const json::exception& e) {
+    return bad_request(std::string("request body is not valid JSON: ") + e.what());
+  }
+  return std::nullopt;
+}
+
 // Constant-time string equality (the length is not secret).
 bool ct_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -514,13 +526,8 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
 }
 
 void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {
-  if (json_depth(req.body) > cfg_.limits.max_json_depth) return send_error(ch, bad_request("request body nests too deeply"));
   json j;
-  try {
-    j = json::parse(req.body);
-  } catch (const json::exception& e) {
-    return send_error(ch, bad_request(std::string("request body is not valid JSON: ") + e.what()));
-  }
+  if (auto err = parse_json_body(req.body, (int64_t)cfg_.limits.max_json_depth, &j)) return send_error(ch, *err);
   if (!j.is_object()) return send_error(ch, bad_request("request body must be a JSON object"));
   const Tokenizer& tok = engine_.tokenizer();
   bool add_special = true;
@@ -547,13 +554,8 @@ void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shar
 }
 
 void OpenAiServer::handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {
-  if (json_depth(req.body) > cfg_.limits.max_json_depth) return send_error(ch, bad_request("request body nests too deeply"));
   json j;
-  try {
-    j = json::parse(req.body);
-  } catch (const json::exception& e) {
-    return send_error(ch, bad_request(std::string("request body is not valid JSON: ") + e.what()));
-  }
+  if (auto err = parse_json_body(req.body, (int64_t)cfg_.limits.max_json_depth, &j)) return send_error(ch, *err);
   if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
     return send_error(ch, bad_request("tokens: expected an array of token ids", "tokens"));
   std::vector<TokenId> ids;
