@@ -7,6 +7,7 @@
 // deadline). Clients share only an atomic request counter and, at the end, a
 // mutex-protected merge of their measurements.
 #include "bench_http.h"
+#include "common/splitmix.h"
 
 #include <sys/resource.h>
 
@@ -65,18 +66,11 @@ constexpr const char* kWords[] = {
     "day",  "did",   "get",  "come", "made", "may",   "part", "sun",   "tree",  "little", "dog", "cat",  "happy"};
 constexpr size_t kNumWords = sizeof(kWords) / sizeof(kWords[0]);
 
-uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 void append_words(std::string& out, uint64_t seed, int64_t n) {
   uint64_t s = seed;
   for (int64_t i = 0; i < n; ++i) {
     if (!out.empty()) out.push_back(' ');
-    out += kWords[splitmix(s) % kNumWords];
+    out += kWords[splitmix64_next(s) % kNumWords];
   }
 }
 
@@ -85,7 +79,7 @@ std::string prompt_text(const Options& opt, const Plan& plan, int64_t index) {
   text.reserve((size_t)plan.prompt_words * 5);
   append_words(text, opt.seed * 0x2545f4914f6cdd1dull + 0x51, plan.prefix_words);
   uint64_t s = opt.seed ^ ((uint64_t)index * 0x9e3779b97f4a7c15ull + 0x1234567);
-  append_words(text, splitmix(s), plan.prompt_words - plan.prefix_words);
+  append_words(text, splitmix64_next(s), plan.prompt_words - plan.prefix_words);
   return text;
 }
 

@@ -16,6 +16,7 @@
 #include "load_model.h"
 #include "spec_flags.h"
 #include "commands.h"
+#include "common/splitmix.h"
 #include "model/model.h"
 #include "serval/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -49,14 +50,6 @@ struct RunResult {
   EngineStats stats;
 };
 
-// splitmix64 for reproducible prompts.
-uint64_t mix(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // Prompts of prompt_len random ordinary tokens (the first shared_prefix of
 // them common to all), or the tokens of a prompt file for every request.
 std::vector<std::vector<TokenId>> build_prompts(const Tokenizer& tok, int n_requests, int prompt_len, int shared_prefix,
@@ -74,11 +67,11 @@ std::vector<std::vector<TokenId>> build_prompts(const Tokenizer& tok, int n_requ
   uint64_t s = seed;
   std::vector<TokenId> prefix;
   if (tok.bos() >= 0) prefix.push_back(tok.bos());
-  while ((int)prefix.size() < shared_prefix) prefix.push_back(pool[mix(s) % pool.size()]);
+  while ((int)prefix.size() < shared_prefix) prefix.push_back(pool[splitmix64_next(s) % pool.size()]);
   for (auto& p : prompts) {
     p = prefix;
     if (p.empty() && tok.bos() >= 0) p.push_back(tok.bos());
-    while ((int)p.size() < prompt_len) p.push_back(pool[mix(s) % pool.size()]);
+    while ((int)p.size() < prompt_len) p.push_back(pool[splitmix64_next(s) % pool.size()]);
   }
   return prompts;
 }

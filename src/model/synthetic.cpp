@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/splitmix.h"
 #include "gguf/gguf_writer.h"
 #include "kernels/ref/quants.h"
 
@@ -29,20 +30,12 @@ Expected<SynthShape> find_synth_shape(const std::string& name) {
 
 namespace {
 
-// splitmix64: a tiny, portable, seeded generator (same stream on every machine).
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // Fills `n` values ~ N(0, std) from the stream of (seed, tensor_id, row).
 void gaussian_row(uint64_t seed, uint64_t tensor_id, uint64_t row, float std_dev, float* out, int64_t n) {
   uint64_t s = seed ^ (tensor_id * 0x9e3779b97f4a7c15ull) ^ (row * 0xc2b2ae3d27d4eb4full);
   for (int64_t i = 0; i < n; i += 2) {
-    const double u1 = ((double)(splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    const double u2 = (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+    const double u1 = ((double)(splitmix64_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    const double u2 = (double)(splitmix64_next(s) >> 11) * (1.0 / 9007199254740992.0);
     const double r = std::sqrt(-2.0 * std::log(u1)) * std_dev;
     out[i] = (float)(r * std::cos(2.0 * M_PI * u2));
     if (i + 1 < n) out[i + 1] = (float)(r * std::sin(2.0 * M_PI * u2));

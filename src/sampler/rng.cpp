@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "common/splitmix.h"
 #include "common/status.h"
 
 namespace serval {
@@ -10,12 +11,7 @@ namespace {
 constexpr uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 }  // namespace
 
-uint64_t SplitMix64::next() {
-  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+uint64_t SplitMix64::next() { return splitmix64_next(state_); }
 
 Rng::Rng(uint64_t seed) {
   SplitMix64 sm(seed);
