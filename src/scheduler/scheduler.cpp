@@ -95,6 +95,7 @@ Status Scheduler::add(SeqRequest r) {
   s.max_total_tokens = r.max_total_tokens;
   s.key = r.prefix_key;
   s.speculate = r.speculate && cfg_.draft_max > 0;
+  s.swappable = r.swappable;
   s.arrival = next_arrival_++;
   s.state = SeqState::waiting;
   seqs_.emplace(s.id, std::move(s));
@@ -160,7 +161,7 @@ void Scheduler::preempt(Seq& v, SchedulerOutput* out) {
   ++n_preemptions_;
   out->preempted.push_back(v.id);
   erase_id(&running_, v.id);
-  if (cfg_.preemption == SchedulerConfig::Preemption::swap && kv_->can_swap_out(v.id)) {
+  if (cfg_.preemption == SchedulerConfig::Preemption::swap && v.swappable && kv_->can_swap_out(v.id)) {
     kv_->swap_out(v.id, &out->swap_out);
     v.state = SeqState::swapped;
     swapped_.push_back(v.id);

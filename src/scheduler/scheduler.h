@@ -89,6 +89,10 @@ struct SeqRequest {
   int64_t max_total_tokens = 0;   // prompt + max new tokens; > prompt.size(), <= max_model_len
   PrefixKey prefix_key;
   bool speculate = true;          // draft slots when SchedulerConfig::draft_max > 0
+  // false: preempted by recompute even under Preemption::swap (search
+  // decoding holds seqs whose tokens are all computed; a swapped-out one
+  // would have no gap to be swapped back in for). Forks inherit it.
+  bool swappable = true;
 };
 
 // What the engine did with one seq's logits in a step: `tokens` = the accepted
@@ -177,6 +181,7 @@ class Scheduler {
     SeqState state = SeqState::waiting;
     uint64_t scheduled_step = UINT64_MAX;  // the step it was last scheduled in
     bool speculate = false;
+    bool swappable = true;
     double accepted_mean = -1;  // running mean of accepted drafts per verify; < 0: none yet
     int32_t decodes_without_draft = 0;
     int64_t draft_computed = 0;  // track_draft_kv: positions the draft model has K/V for (<= num_computed)
