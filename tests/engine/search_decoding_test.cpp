@@ -97,6 +97,29 @@ std::vector<TokenId> long_prompt(int n) {
   return p;
 }
 
+// An engine, and when crowded a pool of n_blocks KV blocks already serving a
+// greedy request with a long prompt (so that sequences get preempted).
+struct Crowd {
+  std::unique_ptr<Engine> engine;
+  std::shared_ptr<RequestStream> other;
+};
+
+Crowd crowd(bool crowded, int n_blocks, int32_t max_batch_tokens, int prompt_len, int max_tokens) {
+  EngineConfig cfg = small_config();
+  const ModelConfig& mc = stories().model->config();
+  const KvGeometry g{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), cfg.block_size};
+  if (crowded) cfg.kv_memory_bytes = (size_t)n_blocks * g.bytes_per_block();
+  cfg.max_batch_tokens = max_batch_tokens;
+  Crowd c;
+  c.engine = make_engine(cfg);
+  if (crowded) {
+    auto o = c.engine->submit(greedy_request(long_prompt(prompt_len), max_tokens, 0));
+    EXPECT_TRUE(o.ok());
+    if (o.ok()) c.other = *o;
+  }
+  return c;
+}
+
 // Beam search with a beam wider than every step's set of running candidates
 // returns the exhaustive search's best sequences: 4 allowed tokens (one of
 // them a stop token), at most 3 generated tokens: 40 sequences in all.
@@ -264,17 +287,9 @@ TEST(SearchDecoding, DiverseBeamSearchMatchesTheSlowReference) {
   // Alone, then beside a greedy request in a pool so small that sequences are
   // preempted and recomputed.
   for (const bool crowded : {false, true}) {
-    EngineConfig cfg = small_config();
-    const KvGeometry g{(int32_t)stories().model->config().n_layers, (int32_t)stories().model->config().kv_dim(),
-                       cfg.block_size};
-    if (crowded) cfg.kv_memory_bytes = 12 * g.bytes_per_block();
-    auto e = make_engine(cfg);
-    std::shared_ptr<RequestStream> other;
-    if (crowded) {
-      auto o = e->submit(greedy_request(long_prompt(36), 8, 0));
-      ASSERT_TRUE(o.ok());
-      other = *o;
-    }
+    Crowd c = crowd(crowded, 12, 512, 36, 8);
+    auto& e = c.engine;
+    auto& other = c.other;
     const auto got = run(*e, diverse_request());
     ASSERT_EQ(got.size(), 4u);
     for (size_t i = 0; i < 4; ++i) {
@@ -336,18 +351,10 @@ TEST(SearchDecoding, ContrastiveSearchMatchesTheSlowReference) {
               want);
   }
   for (const bool crowded : {false, true}) {
-    EngineConfig cfg = small_config();
-    const KvGeometry g{(int32_t)stories().model->config().n_layers, (int32_t)stories().model->config().kv_dim(),
-                       cfg.block_size};
-    if (crowded) cfg.kv_memory_bytes = 20 * g.bytes_per_block();
-    cfg.max_batch_tokens = crowded ? 5 : 512;  // crowded: chunked prefill of the prompt, too
-    auto e = make_engine(cfg);
-    std::shared_ptr<RequestStream> other;
-    if (crowded) {
-      auto o = e->submit(greedy_request(long_prompt(50), 10, 0));
-      ASSERT_TRUE(o.ok());
-      other = *o;
-    }
+    // Crowded: chunked prefill of the prompt, too.
+    Crowd c = crowd(crowded, 20, crowded ? 5 : 512, 50, 10);
+    auto& e = c.engine;
+    auto& other = c.other;
     Request r;
     r.prompt = kPrompt;
     r.params.penalty_alpha = 0.6f;
