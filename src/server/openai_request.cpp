@@ -146,7 +146,8 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
   // best_of as the beam width, or beam_width itself; Hugging Face's names for
   // the rest. SamplingParams::validate and Engine::submit range-check them.
   const bool use_beam = rd.boolean("use_beam_search").value_or(false);
-  std::optional<int64_t> best_of = rd.integer("best_of", 1, SamplingLimits::max_beam_width);
+  std::optional<int64_t> best_of =
+      rd.integer("best_of", 1, std::max<int64_t>(ctx.limits.max_n, SamplingLimits::max_beam_width));
   if (auto v = rd.integer("beam_width", 0, SamplingLimits::max_beam_width)) p.beam_width = (int32_t)*v;
   else if (use_beam) p.beam_width = (int32_t)best_of.value_or(r.n);
   if (use_beam && p.beam_width < 2)
