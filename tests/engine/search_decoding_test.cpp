@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/engine_test_util.h"
+#include "engine/search_decoding.h"
 #include "kv_cache/kv_storage.h"
 #include "model/reference_forward.h"
 
@@ -195,7 +196,31 @@ struct RefHyp {
   double score;
 };
 
-std::vector<RefHyp> ref_group_beam_search(int W, int G, double lambda, double lp, int max_new) {
+struct RefBeamOptions {
+  int W = 4, G = 1;
+  double lambda = 0, lp = 1.0;
+  int max_new = 5;
+  EarlyStopping es = EarlyStopping::heuristic;
+  // Log-probabilities of the next token after the generated `tokens`; whether a token stops.
+  std::function<std::vector<double>(const std::vector<TokenId>& tokens)> logprobs;
+  std::function<bool(TokenId)> is_stop;
+};
+
+// On stories260K after kPrompt, recomputed from scratch.
+RefBeamOptions on_stories(int W, int G, double lambda, double lp, int max_new) {
+  RefBeamOptions o{W, G, lambda, lp, max_new};
+  o.logprobs = [](const std::vector<TokenId>& tokens) {
+    std::vector<TokenId> ctx = kPrompt;
+    ctx.insert(ctx.end(), tokens.begin(), tokens.end());
+    return ref_logprobs(ref_run(ctx).logits, {});
+  };
+  o.is_stop = [](TokenId t) { return stories().tok->is_eog(t); };
+  return o;
+}
+
+std::vector<RefHyp> ref_group_beam_search(const RefBeamOptions& o) {
+  const int W = o.W, G = o.G, max_new = o.max_new;
+  const double lambda = o.lambda, lp = o.lp;
   const int gw = W / G;
   struct Beam {
     std::vector<TokenId> tokens;
@@ -204,7 +229,6 @@ std::vector<RefHyp> ref_group_beam_search(int W, int G, double lambda, double lp
   std::vector<std::vector<Beam>> groups((size_t)G, {Beam{{}, 0.0}});
   std::vector<std::vector<RefHyp>> hyps((size_t)G);
   std::vector<bool> done((size_t)G, false);
-  const Tokenizer& tok = *stories().tok;
   auto add = [&](std::vector<RefHyp>& h, RefHyp x) {
     double worst = INFINITY;
     for (const RefHyp& y : h) worst = std::min(worst, y.score);
@@ -228,30 +252,30 @@ std::vector<RefHyp> ref_group_beam_search(int W, int G, double lambda, double lp
       };
       std::vector<Cand> cands;
       for (size_t b = 0; b < groups[(size_t)g].size(); ++b) {
-        std::vector<TokenId> ctx = kPrompt;
-        ctx.insert(ctx.end(), groups[(size_t)g][b].tokens.begin(), groups[(size_t)g][b].tokens.end());
-        const auto lps = ref_logprobs(ref_run(ctx).logits, {});
+        const auto lps = o.logprobs(groups[(size_t)g][b].tokens);
         for (size_t v = 0; v < lps.size(); ++v)
-          cands.push_back({groups[(size_t)g][b].sum + lps[v] - lambda * chosen[(TokenId)v], b, (TokenId)v});
+          if (lps[v] > -INFINITY) cands.push_back({groups[(size_t)g][b].sum + lps[v] - lambda * chosen[(TokenId)v], b, (TokenId)v});
       }
       std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) { return a.score > b.score; });
-      cands.resize((size_t)(2 * gw));
+      cands.resize(std::min(cands.size(), (size_t)(2 * gw)));
       std::vector<Beam> next;
       for (size_t rank = 0; rank < cands.size() && (int)next.size() < gw; ++rank) {
         Beam nb = groups[(size_t)g][cands[rank].beam];
         nb.tokens.push_back(cands[rank].token);
         nb.sum = cands[rank].score;
-        if (tok.is_eog(cands[rank].token)) {
+        if (o.is_stop(cands[rank].token)) {
           if ((int)rank < gw) add(hyps[(size_t)g], {nb.tokens, nb.sum / std::pow((double)step, lp)});
         } else {
           next.push_back(nb);
         }
       }
       for (const Beam& b : next) ++chosen[b.tokens.back()];
-      // early_stopping false
       double worst = INFINITY;
       for (const RefHyp& y : hyps[(size_t)g]) worst = std::min(worst, y.score);
-      done[(size_t)g] = (int)hyps[(size_t)g].size() >= gw && worst >= cands[0].score / std::pow((double)step, lp);
+      const bool full = (int)hyps[(size_t)g].size() >= gw;
+      const double len = o.es == EarlyStopping::never && lp > 0 ? max_new : step;
+      done[(size_t)g] = next.empty() || (full && (o.es == EarlyStopping::yes ||
+                                                  worst >= cands[0].score / std::pow(len, lp)));
       if (!done[(size_t)g] && step == max_new) {
         for (const Beam& b : next) add(hyps[(size_t)g], {b.tokens, b.sum / std::pow((double)step, lp)});
         done[(size_t)g] = true;
@@ -263,6 +287,77 @@ std::vector<RefHyp> ref_group_beam_search(int W, int G, double lambda, double lp
   for (const auto& h : hyps) all.insert(all.end(), h.begin(), h.end());
   std::stable_sort(all.begin(), all.end(), [](const RefHyp& a, const RefHyp& b) { return a.score > b.score; });
   return all;
+}
+
+// BeamSearch itself against the reference on a made-up model whose
+// log-probabilities are a hash of the prefix and whose stop token is common:
+// every early_stopping mode, length penalties of both signs, groups.
+TEST(SearchDecoding, BeamSearchStepsMatchTheReferenceOnAHashModel) {
+  constexpr int kVocab = 8;
+  auto logits_of = [](const std::vector<TokenId>& tokens) {
+    uint64_t h = 1469598103934665603ull;
+    for (TokenId t : tokens) h = (h ^ (uint64_t)(t + 1)) * 1099511628211ull;
+    std::vector<float> l(kVocab);
+    for (int v = 0; v < kVocab; ++v) {
+      h = h * 6364136223846793005ull + 1442695040888963407ull;
+      l[(size_t)v] = (float)((h >> 40) % 1000) / 250.0f;  // [0, 4)
+    }
+    l[0] += 1.0f;  // token 0 stops, often
+    return l;
+  };
+  int early_stops = 0;
+  for (const EarlyStopping es : {EarlyStopping::heuristic, EarlyStopping::yes, EarlyStopping::never})
+    for (const double lp : {1.0, -0.5, 2.0})
+      for (const auto& [W, G, lambda] : {std::tuple{4, 1, 0.0}, std::tuple{4, 2, 0.7}, std::tuple{6, 3, 1.5}}) {
+        const int max_new = 7;
+        // Both sides see the same float log-probabilities.
+        std::map<std::vector<TokenId>, std::vector<float>> memo;
+        auto lps = [&](const std::vector<TokenId>& tokens) -> const std::vector<float>& {
+          auto it = memo.find(tokens);
+          if (it == memo.end()) {
+            std::vector<float> lp_f;
+            log_softmax(logits_of(tokens), &lp_f);
+            it = memo.emplace(tokens, lp_f).first;
+          }
+          return it->second;
+        };
+        RefBeamOptions o{W, G, lambda, lp, max_new, es};
+        o.logprobs = [&](const std::vector<TokenId>& t) {
+          const auto& f = lps(t);
+          return std::vector<double>(f.begin(), f.end());
+        };
+        o.is_stop = [](TokenId t) { return t == 0; };
+        const auto want = ref_group_beam_search(o);
+
+        BeamSearchConfig cfg{W, G, lp, es, lambda, max_new};
+        BeamSearch bs(cfg, 1);
+        std::map<SeqId, std::vector<TokenId>> seq_tokens{{1, {}}};
+        SeqId next_id = 2;
+        int steps = 0;
+        while (!bs.done()) {
+          const SearchPlan plan = bs.step([&](SeqId s) { return std::span<const float>(lps(seq_tokens.at(s))); },
+                                          [](TokenId t, int32_t) { return t == 0 ? FinishReason::stop : FinishReason::none; },
+                                          [&] { return next_id++; });
+          for (const auto& f : plan.fork) {  // before the parents advance: a fork copies the parent's old tokens
+            seq_tokens[f.child] = seq_tokens.at(f.parent);
+            seq_tokens[f.child].push_back(f.token);
+          }
+          for (const auto& [seq, token] : plan.advance) seq_tokens.at(seq).push_back(token);
+          for (SeqId id : plan.finish) seq_tokens.erase(id);
+          for (const auto& g : bs.groups())
+            for (const auto& b : g) EXPECT_EQ(seq_tokens.at(b.seq), b.tokens);  // the plan keeps seqs = beams
+          ASSERT_LE(++steps, max_new);
+        }
+        if (steps < max_new) ++early_stops;
+        EXPECT_TRUE(seq_tokens.empty()) << "every seq ends";
+        const auto got = bs.best(W);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i].tokens, want[i].tokens) << "es " << (int)es << " lp " << lp << " W " << W << " G " << G;
+          EXPECT_NEAR(got[i].score, want[i].score, 1e-9);
+        }
+      }
+  EXPECT_GT(early_stops, 0) << "no configuration stopped early: the early_stopping modes went untested";
 }
 
 Request diverse_request() {
@@ -277,10 +372,10 @@ Request diverse_request() {
 }
 
 TEST(SearchDecoding, DiverseBeamSearchMatchesTheSlowReference) {
-  const auto want = ref_group_beam_search(4, 2, 2.0, 1.0, 5);
+  const auto want = ref_group_beam_search(on_stories(4, 2, 2.0, 1.0, 5));
   ASSERT_EQ(want.size(), 4u);
   // The penalty matters: plain beam search of the same width finds others.
-  const auto plain = ref_group_beam_search(4, 1, 0.0, 1.0, 5);
+  const auto plain = ref_group_beam_search(on_stories(4, 1, 0.0, 1.0, 5));
   bool differs = false;
   for (size_t i = 0; i < 4; ++i) differs = differs || plain[i].tokens != want[i].tokens;
   EXPECT_TRUE(differs);
