@@ -8,6 +8,7 @@ every beam's KV blocks; bad values get a 400 naming the field."""
 
 import contextlib
 import sys
+import threading
 import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -72,6 +73,19 @@ def beam_search_on_both_endpoints(ctx):
 
 
 @suite.test
+def beam_search_streams_each_hypothesis(ctx):
+    body = {"prompt": "Once upon a time", "beam_width": 3, "n": 3, "max_tokens": 10}
+    whole = ok(ctx, C, body)
+    s = stream(ctx.port, C, dict(body, stream=True))
+    eq(s.status, 200, "stream status")
+    got = {}
+    for ev in s.events:
+        for ch in ev.get("choices", []):
+            got[ch["index"]] = got.get(ch["index"], "") + ch.get("text", "")
+    eq([got.get(i) for i in range(3)], texts(C, whole), "streamed hypotheses")
+
+
+@suite.test
 def contrastive_search_is_deterministic_and_streams(ctx):
     body = {"prompt": "Once upon a time", "penalty_alpha": 0.6, "top_k": 4, "max_tokens": 24}
     a = ok(ctx, C, body)["choices"][0]["text"]
@@ -96,7 +110,6 @@ def client_gone_mid_search_frees_every_beam(ctx):
             seen["kv"] = m.get("serval_kv_blocks_used")
             return m if (seen["kv"] or 0) > 8 else None
 
-        import threading
         t = threading.Thread(target=lambda: stream(ctx.port, C, body, timeout=60, conn_out=conns), daemon=True)
         t.start()
         wait_until(busy, timeout=20, interval=0.02)
