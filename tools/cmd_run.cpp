@@ -198,6 +198,12 @@ int cmd_run(int argc, char** argv) {
   const double pp = std::chrono::duration<double>(t1 - t0).count();
   const double tg = std::chrono::duration<double>(t2 - t1).count();
   const int64_t n_tg = std::max<int64_t>(n_gen - 1, 0);
+  if (sp.beam_search()) {  // the hypotheses arrive together at the end: one figure
+    std::fprintf(stderr, "\nbeam search: %d beams, %lld prompt tokens, %lld tokens returned, %.3f s | threads: %d\n",
+                 sp.beam_width, (long long)prompt_len, (long long)n_gen,
+                 std::chrono::duration<double>(t2 - t0).count(), threads > 0 ? threads : ThreadPool::default_threads());
+    return 0;
+  }
   std::fprintf(stderr,
                "\nprompt: %lld tokens in %.3f s (%.1f tok/s) | generation: %lld tokens in %.3f s (%.1f tok/s) | "
                "finish: %s | threads: %d\n",

@@ -20,17 +20,11 @@ C, H = "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "Tell me about a cat."}]
 
 
-class Ctx:
-    port = 0
-
-
 @suite.setup
 @contextlib.contextmanager
 def setup():
     with Server(name="search") as srv:
-        ctx = Ctx()
-        ctx.port = srv.port
-        yield ctx
+        yield srv  # the tests use its port
 
 
 def ok(ctx, path, body):
