@@ -231,6 +231,7 @@ struct Engine::Impl {
                    std::vector<uint64_t>* closed);
   void apply_plan(RequestState& rs, const SearchPlan& plan);
   void contrastive_expand(RequestState& rs, SeqId from);
+  void requeue_stalled_search();
 
   static RequestTiming timing_of(const SeqState& ss, int64_t finished_ns) {
     RequestTiming t;
@@ -583,6 +584,26 @@ void Engine::Impl::contrastive_expand(RequestState& rs, SeqId from) {
   apply_plan(rs, plan);
 }
 
+// Nothing could run: search seqs that hold their rows may be keeping the
+// blocks (or running slots) a sibling of theirs, or of another search, waits
+// for. The newest such request gives its held seqs back (they recompute).
+void Engine::Impl::requeue_stalled_search() {
+  for (auto it = requests.rbegin(); it != requests.rend(); ++it) {
+    RequestState& rs = *it->second;
+    if (!rs.search || rs.n_open <= 0) continue;
+    bool any = false;
+    for (SeqId id : rs.search->live()) {
+      if (!rs.search->rows.has(id) || !sched->contains(id) || sched->state(id) != Scheduler::SeqState::running)
+        continue;
+      sched->requeue(id);
+      rs.search->rows.drop(id);
+      rs.search->hidden.drop(id);
+      any = true;
+    }
+    if (any) return;
+  }
+}
+
 // One search step of a request whose live seqs all have their rows.
 void Engine::Impl::search_step(RequestState& rs, int64_t time_ns,
                                std::vector<std::pair<RequestStream*, OutputEvent>>* events,
@@ -818,6 +839,7 @@ void Engine::Impl::loop() {
     if (out.seqs.empty() && out.copies.empty() && out.swap_in.empty() && out.swap_out.empty()) {
       // Nothing could be scheduled this step (e.g. waiting for blocks that a
       // cancel will free); do not spin.
+      requeue_stalled_search();
       publish_stats();
       std::unique_lock<std::mutex> lk(inbox_mu);
       inbox_cv.wait_for(lk, std::chrono::milliseconds(5));

@@ -166,12 +166,24 @@ void Scheduler::preempt(Seq& v, SchedulerOutput* out) {
     v.state = SeqState::swapped;
     swapped_.push_back(v.id);
   } else {
-    kv_->free(v.id);
-    v.num_computed = 0;
-    v.draft_computed = 0;
-    v.state = SeqState::waiting;
-    waiting_.push_back(v.id);
+    to_waiting(v);
   }
+}
+
+void Scheduler::to_waiting(Seq& v) {
+  kv_->free(v.id);
+  v.num_computed = 0;
+  v.draft_computed = 0;
+  v.state = SeqState::waiting;
+  waiting_.push_back(v.id);
+}
+
+void Scheduler::requeue(SeqId seq) {
+  Seq& v = get(seq);
+  SERVAL_ASSERT(v.state == SeqState::running);
+  ++n_preemptions_;
+  erase_id(&running_, v.id);
+  to_waiting(v);
 }
 
 void Scheduler::emit(Seq& s, int64_t n_tokens, SchedulerOutput* out, int32_t n_draft) {

@@ -133,6 +133,12 @@ class Scheduler {
 
   SchedulerOutput schedule();
 
+  // Preempts a running seq by recompute outside schedule(): its blocks are
+  // freed and it waits to be recomputed. The engine's way out when every
+  // running seq of search decoding waits for a sibling that cannot be
+  // admitted (nothing else would ever free their blocks).
+  void requeue(SeqId seq);
+
   // After the runner executed `out`: each scheduled seq's num_computed
   // advances by its n_tokens and its newly full blocks enter the prefix cache;
   // then each {seq, token} in `sampled` (seqs whose chunk had needs_logits) is
@@ -194,6 +200,7 @@ class Scheduler {
   std::vector<SeqId> by_importance(const std::vector<SeqId>& ids) const;
   bool done(const Seq& s) const { return static_cast<int64_t>(s.tokens.size()) >= s.max_total_tokens; }
   void preempt(Seq& victim, SchedulerOutput* out);
+  void to_waiting(Seq& v);  // recompute: blocks freed, num_computed 0, appended to waiting_
   void emit(Seq& s, int64_t n_tokens, SchedulerOutput* out, int32_t n_draft = 0);
   static void erase_id(std::vector<SeqId>* v, SeqId id);
 
