@@ -1,4 +1,6 @@
 // serval run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [-t THREADS]
+//            [--beam-width W [--num-return N] [--length-penalty L] [--num-beam-groups G --diversity-penalty D]]
+//            [--penalty-alpha A --top-k K]
 //
 // Single-request generation through the engine (paged KV, batched forward): streams text to
 // stdout as it is generated, prints prompt and generation speed on stderr.
@@ -64,6 +66,19 @@ int cmd_run(int argc, char** argv) {
                  ->excludes(g1)->excludes(g2);
   app.add_option("--regex", regex, "constrain the output to full matches of this regex")
       ->excludes(g1)->excludes(g2)->excludes(g3);
+  // Search decoding (docs/SEARCH_DECODING.md).
+  int beam_width = 0, num_return = 1, num_beam_groups = 1;
+  float length_penalty = 1.0f, diversity_penalty = 0.0f, penalty_alpha = 0.0f;
+  std::string early_stopping = "false";
+  app.add_option("--beam-width", beam_width, "beam search with this many beams (0: off)")->check(CLI::Range(0, 16));
+  app.add_option("--num-return", num_return, "beam search: print the N best sequences")->check(CLI::Range(1, 16));
+  app.add_option("--length-penalty", length_penalty, "beam search: score = sum_logprob / length^this");
+  app.add_option("--early-stopping", early_stopping, "beam search: false, true or never")
+      ->check(CLI::IsMember({"false", "true", "never"}));
+  app.add_option("--num-beam-groups", num_beam_groups, "diverse beam search: beam groups (divide --beam-width)")
+      ->check(CLI::Range(1, 16));
+  app.add_option("--diversity-penalty", diversity_penalty, "diverse beam search: Hamming diversity penalty");
+  app.add_option("--penalty-alpha", penalty_alpha, "contrastive search with --top-k candidates (0: off)");
   SpecFlags spec;
   spec.add_to(app);
   if (auto rc = parse(app, argc, argv)) return *rc;
@@ -102,9 +117,18 @@ int cmd_run(int argc, char** argv) {
   sp.ignore_eos = ignore_eos;
   sp.logprobs = logprobs;
   sp.grammar = *constraint;
+  sp.beam_width = beam_width;
+  sp.length_penalty = length_penalty;
+  sp.early_stopping = early_stopping == "true"    ? EarlyStopping::yes
+                      : early_stopping == "never" ? EarlyStopping::never
+                                                  : EarlyStopping::heuristic;
+  sp.num_beam_groups = num_beam_groups;
+  sp.diversity_penalty = diversity_penalty;
+  sp.penalty_alpha = penalty_alpha;
   if (n_predict >= 0) sp.max_tokens = n_predict;
   if (n_predict == 0) return 0;
   if (Status st = sp.validate((int32_t)m.config().n_vocab); !st.ok()) return fail(cmd, st.message());
+  if (num_return > 1 && !sp.beam_search()) return fail(cmd, "--num-return: needs beam search (--beam-width)");
 
   std::vector<TokenId> tokens = tok->encode(prompt, /*add_special=*/!no_bos, /*parse_special=*/true);
   if (no_bos && !tokens.empty() && tokens.front() == tok->bos()) tokens.erase(tokens.begin());
@@ -128,7 +152,9 @@ int cmd_run(int argc, char** argv) {
   if (ec.spec.draft_model)
     per_token += (size_t)ec.spec.draft_model->config().n_layers * 2 * (size_t)ec.spec.draft_model->config().kv_dim() *
                  sizeof(float);
-  ec.kv_memory_bytes = std::min<size_t>(*kvb, (size_t)(n_ctx + 64 + 16 * 4) * per_token);
+  // Beam and contrastive search run beam_width / top_k sequences.
+  const size_t n_seqs = (size_t)std::max({1, sp.beam_width, sp.contrastive_search() ? sp.top_k : 1});
+  ec.kv_memory_bytes = std::min<size_t>(*kvb, n_seqs * (size_t)(n_ctx + 64 + 16 * 4) * per_token);
   const int64_t prompt_len = (int64_t)tokens.size();
   auto engine = Engine::create(shared_model, *tok, ec);
   if (!engine.ok()) return fail(cmd, engine.status().message());
@@ -142,6 +168,8 @@ int cmd_run(int argc, char** argv) {
   Request req;
   req.prompt = std::move(tokens);
   req.params = sp;
+  req.n = sp.beam_search() ? num_return : 1;
+  const int32_t req_n = req.n;
   auto stream = (*engine)->submit(std::move(req));
   if (!stream.ok()) return fail(cmd, stream.status().message());
   OutputEvent ev;
@@ -157,6 +185,8 @@ int cmd_run(int argc, char** argv) {
       for (const auto& t : lp.top) std::fprintf(stderr, " %d:%.4f", t.token, t.logprob);
       std::fprintf(stderr, "]\n");
     }
+    if (req_n > 1)
+      std::fprintf(stdout, "\n--- beam %d (score %.4f) ---\n", ev.index + 1, ev.search_score.value_or(0.0));
     std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
     std::fflush(stdout);
     if (ev.finish != FinishReason::none) reason = ev.finish;
@@ -168,6 +198,12 @@ int cmd_run(int argc, char** argv) {
   const double pp = std::chrono::duration<double>(t1 - t0).count();
   const double tg = std::chrono::duration<double>(t2 - t1).count();
   const int64_t n_tg = std::max<int64_t>(n_gen - 1, 0);
+  if (sp.beam_search()) {  // the hypotheses arrive together at the end: one figure
+    std::fprintf(stderr, "\nbeam search: %d beams, %lld prompt tokens, %lld tokens returned, %.3f s | threads: %d\n",
+                 sp.beam_width, (long long)prompt_len, (long long)n_gen,
+                 std::chrono::duration<double>(t2 - t0).count(), threads > 0 ? threads : ThreadPool::default_threads());
+    return 0;
+  }
   std::fprintf(stderr,
                "\nprompt: %lld tokens in %.3f s (%.1f tok/s) | generation: %lld tokens in %.3f s (%.1f tok/s) | "
                "finish: %s | threads: %d\n",

@@ -56,6 +56,7 @@ struct EngineConfig {
   bool enable_chunked_prefill = true;
   double aging_per_step = 0.01;         // priority aging (see scheduler)
   int32_t max_n = 16;                   // bound on Request::n
+  int32_t max_beam_width = 16;          // bound on beam_width and contrastive top_k (<= max_seqs too)
   SpecConfig spec;                      // off by default
 };
 
@@ -102,6 +103,9 @@ struct OutputEvent {
   int64_t cached_prompt_tokens = 0;     // prompt tokens served from the prefix cache
   int64_t completion_tokens = 0;
   RequestTiming timing;
+  // Beam search, on each sample's (only) event: the hypothesis' score,
+  // sum_logprob / n_tokens^length_penalty; samples come best first.
+  std::optional<double> search_score;
 };
 
 // The caller's end of one request. Thread-safe.
@@ -188,6 +192,7 @@ class Engine {
 
  private:
   explicit Engine(std::unique_ptr<Impl> impl);
+  Status check_search_request(const Request& req, int64_t max_total) const;
   std::unique_ptr<Impl> impl_;
 };
 

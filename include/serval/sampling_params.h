@@ -52,7 +52,19 @@ struct SamplingLimits {
   static constexpr size_t max_stop_string_bytes = 256;      // each; empty strings rejected
   static constexpr size_t max_stop_token_ids = 256;
   static constexpr int32_t max_logprobs = 20;               // OpenAI top_logprobs: [0, 20]
+  static constexpr int32_t max_beam_width = 16;             // beam search (EngineConfig may lower it)
+  static constexpr float max_abs_length_penalty = 10.0f;
+  static constexpr float max_diversity_penalty = 100.0f;
+  static constexpr int32_t max_contrastive_top_k = 64;      // candidates run per contrastive step
 };
+
+// Hugging Face's `early_stopping` of beam search (docs/SEARCH_DECODING.md):
+// heuristic = false (stop a beam group once no running beam can beat its worst
+// finished hypothesis at the current length), yes = true (stop as soon as
+// beam_width hypotheses are finished), never = "never" (the exact bound over
+// the longest possible length; beam search then finds what an exhaustive
+// search restricted to the beam finds).
+enum class EarlyStopping { heuristic, yes, never };
 
 // Temperatures below this are treated as 0 (greedy), as vLLM does: dividing
 // by a tiny temperature only produces overflow, not a different choice.
@@ -96,11 +108,35 @@ struct SamplingParams {
   // compile_gbnf / compile_json_schema / ... (src/sampler/grammar/grammar.h).
   std::shared_ptr<const CompiledGrammar> grammar;
 
+  // --- search decoding (docs/SEARCH_DECODING.md) --------------------------------
+  // beam_width >= 2: beam search (deterministic; temperature, top_p, top_k,
+  // min_p, typical_p and the seed do not apply; penalties and logit_bias do).
+  // Candidates are scored by the log-softmax of the processed logits, finished
+  // hypotheses by sum_logprob / generated_len^length_penalty (Hugging Face).
+  // num_beam_groups > 1 with diversity_penalty: diverse beam search (Hamming
+  // diversity): group g's log-probs are lowered by diversity_penalty x the
+  // number of times each token was chosen by groups < g in the same step.
+  int32_t beam_width = 0;           // 0 or 1 = off; 2..16
+  float length_penalty = 1.0f;      // [-10, 10]
+  EarlyStopping early_stopping = EarlyStopping::heuristic;
+  int32_t num_beam_groups = 1;      // >= 1, divides beam_width
+  float diversity_penalty = 0.0f;   // [0, 100]; needs num_beam_groups > 1
+  // penalty_alpha > 0 with top_k >= 2: contrastive search (Su et al. 2022):
+  // among the top_k most probable tokens v pick argmax (1 - alpha) p(v) -
+  // alpha max_j cos(h_v, h_j), h the model's final-normed hidden states of
+  // the context. Deterministic; top_k <= 64.
+  float penalty_alpha = 0.0f;       // [0, 1]
+
+  bool beam_search() const { return beam_width >= 2; }
+  bool contrastive_search() const { return penalty_alpha > 0.0f && top_k >= 2; }
+
   // Range-checks every field against the documented limits for a model with
   // n_vocab tokens. The message names the field and the expected vs actual
   // value, e.g. "top_p: expected a value in (0, 1], got 1.5". NaN is
   // rejected everywhere.
   Status validate(int32_t n_vocab) const;
+  // The search-decoding fields alone (part of validate).
+  Status validate_search() const;
 };
 
 }  // namespace serval

@@ -10,6 +10,7 @@
 
 #include "common/thread_pool.h"
 #include "engine/ngram_draft.h"
+#include "engine/search_decoding.h"
 #include "engine/runner.h"
 #include "engine/token_trie_for.h"
 #include "kv_cache/kv_cache_manager.h"
@@ -137,8 +138,31 @@ struct Engine::Impl {
     double compute_s = 0;
   };
 
+  // Beam or contrastive search of one request (search_decoding.h). Its seqs
+  // get bare SeqStates; `out` samples (processed logits), detokenizes and
+  // stops on behalf of the request.
+  struct SearchState {
+    std::unique_ptr<SeqState> out;
+    std::unique_ptr<BeamSearch> beam;
+    HeldRows rows;  // beam: log-probs; contrastive: processed logits, per live seq
+    // Contrastive: the seq whose context is committed, the candidates forked
+    // from it (cand_seqs[0] == main after an expansion; empty before the
+    // first), their last hidden states and the context's hidden states.
+    SeqId main = 0;
+    std::vector<ContrastiveCandidate> cands;
+    std::vector<SeqId> cand_seqs;
+    HeldRows hidden;
+    std::vector<float> ctx_hidden;  // [positions, dim]
+    std::vector<SeqId> live() const {
+      if (beam) return beam->live_seqs();
+      return cand_seqs.empty() ? std::vector<SeqId>{main} : cand_seqs;
+    }
+  };
+
   struct RequestState {
     uint64_t id = 0;
+    std::unique_ptr<SearchState> search;
+    int64_t cached_prompt_tokens = -1;  // the first chunk's start: the prefix-cache hit
     Request req;
     std::shared_ptr<RequestStream> stream;
     std::vector<SeqId> seqs;       // [n]; children get ids when forked
@@ -195,10 +219,19 @@ struct Engine::Impl {
   Status propose(const SchedulerOutput& out, std::vector<std::vector<TokenId>>* drafts);
   SeqAdvance verify(const ScheduledSeq& s, std::span<const TokenId> draft, const float* rows);
   void after_step(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
-                  const std::vector<float>& logits, int64_t step_start_ns);
+                  const std::vector<float>& logits, const std::vector<float>& hidden, int64_t step_start_ns);
   void record_step_timing(const SchedulerOutput& out, int64_t step_start_ns, int64_t step_end_ns);
   void publish_stats();
   TokenId sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history);
+  OutputEvent make_event(SeqState& ss, std::span<const TokenId> tokens, const float* logits_rows, int64_t time_ns,
+                         FinishReason final_reason = FinishReason::none);
+  // Search decoding (search_decoding.h).
+  void search_chunk(RequestState& rs, const ScheduledSeq& s, const float* logits_row, const float* hidden_rows);
+  void search_step(RequestState& rs, int64_t time_ns, std::vector<std::pair<RequestStream*, OutputEvent>>* events,
+                   std::vector<uint64_t>* closed);
+  void apply_plan(RequestState& rs, const SearchPlan& plan);
+  void contrastive_expand(RequestState& rs, SeqId from);
+  void requeue_stalled_search();
 
   static RequestTiming timing_of(const SeqState& ss, int64_t finished_ns) {
     RequestTiming t;
@@ -266,8 +299,17 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   sr.priority = rs->req.priority;
   sr.max_total_tokens = rs->max_total;
   sr.prefix_key = PrefixKey{rs->req.tenant_salt, 0};
+  const SamplingParams& rp = rs->req.params;
   // Drafts are not grammar-checked yet: constrained requests decode plainly.
-  sr.speculate = rs->req.speculate && !rs->req.params.grammar;
+  sr.speculate = rs->req.speculate && !rp.grammar && !rp.beam_search() && !rp.contrastive_search();
+  sr.swappable = !rp.beam_search() && !rp.contrastive_search();
+  if (rp.contrastive_search()) {
+    // Contrastive search needs the hidden state of every prompt token: no
+    // prefix-cache hit may skip them (a key of its own; its forks share it).
+    sr.prefix_key.adapter_id = ~rs->id;
+    // The candidates of the last committed token need one position more.
+    sr.max_total_tokens = rs->max_total + 1;
+  }
   Status st = sched->add(std::move(sr));
   if (!st.ok()) {
     OutputEvent ev;
@@ -278,7 +320,27 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   rs->seqs.assign((size_t)rs->req.n, 0);
   rs->seqs[0] = id;
   rs->n_open = rs->req.n;
-  seqs.emplace(id, make_seq_state(rs.get(), 0, rs->req.params));
+  if (rp.beam_search() || rp.contrastive_search()) {
+    rs->children_forked = true;  // the search forks its own seqs
+    rs->search = std::make_unique<SearchState>();
+    rs->search->out = std::make_unique<SeqState>(make_seq_state(rs.get(), 0, rp));
+    rs->search->main = id;
+    if (rp.beam_search()) {
+      BeamSearchConfig bc;
+      bc.width = rp.beam_width;
+      bc.groups = rp.num_beam_groups;
+      bc.length_penalty = rp.length_penalty;
+      bc.early_stopping = rp.early_stopping;
+      bc.diversity_penalty = rp.diversity_penalty;
+      bc.max_new_tokens = (int32_t)(rs->max_total - (int64_t)rs->req.prompt.size());
+      rs->search->beam = std::make_unique<BeamSearch>(bc, id);
+    }
+    SeqState bare;
+    bare.req = rs.get();
+    seqs.emplace(id, std::move(bare));
+  } else {
+    seqs.emplace(id, make_seq_state(rs.get(), 0, rp));
+  }
   {
     std::lock_guard<std::mutex> lk(stats_mu);
     stats.prompt_tokens += (int64_t)rs->req.prompt.size();
@@ -413,19 +475,241 @@ SeqAdvance Engine::Impl::verify(const ScheduledSeq& s, std::span<const TokenId> 
   }
 }
 
+// The event for `tokens` of one sample (logits_rows: their rows, for
+// logprobs): each token in turn, a stop ends the sample there and the rest is
+// dropped. On a finish (or final_reason when no stop came first) the event
+// carries the finish fields; the caller ends the seq.
+OutputEvent Engine::Impl::make_event(SeqState& ss, std::span<const TokenId> tokens, const float* logits_rows,
+                                     int64_t time_ns, FinishReason final_reason) {
+  RequestState& rs = *ss.req;
+  const SamplingParams& p = rs.req.params;
+  const auto n_vocab = (size_t)model->config().n_vocab;
+  OutputEvent ev;
+  ev.index = ss.index;
+  ev.time_ns = time_ns;
+  if (ss.first_token_ns == 0) ss.first_token_ns = time_ns;
+  FinishReason reason = FinishReason::none;
+  const int64_t detok_start = now_ns();
+  for (size_t j = 0; j < tokens.size() && reason == FinishReason::none; ++j) {
+    const TokenId t = tokens[j];
+    ++ss.n_generated;
+    ev.tokens.push_back(t);
+    if (p.logprobs > 0 && logits_rows)
+      ev.logprobs.push_back(compute_logprobs({logits_rows + j * n_vocab, n_vocab}, t, p.logprobs));
+    reason = check_token_stop(p, t, ss.n_generated, eog);
+    if (reason != FinishReason::stop) {
+      if (ss.stop->feed(ss.detok->push(t), ev.text)) reason = FinishReason::stop;
+    }
+    if (reason == FinishReason::none && (int64_t)rs.req.prompt.size() + ss.n_generated >= rs.max_total)
+      reason = FinishReason::length;
+  }
+  if (reason == FinishReason::none) reason = final_reason;
+  if (reason != FinishReason::none) {
+    if (!ss.stop->stopped()) {
+      std::string tail = ss.detok->flush(), out_tail;
+      if (!ss.stop->feed(tail, out_tail)) ss.stop->finish(out_tail);
+      ev.text += out_tail;
+    }
+    ss.detokenize_ns += now_ns() - detok_start;
+    ev.timing = timing_of(ss, time_ns);
+    ev.finish = reason;
+    ev.prompt_tokens = (int64_t)rs.req.prompt.size();
+    ev.completion_tokens = ss.n_generated;
+    ev.cached_prompt_tokens = std::max<int64_t>(0, rs.cached_prompt_tokens);
+  } else {
+    ss.detokenize_ns += now_ns() - detok_start;
+  }
+  return ev;
+}
+
+// A search seq's chunk ran: keep its next-token row (beam: log-probs;
+// contrastive: processed logits) and, for contrastive search, hidden states.
+void Engine::Impl::search_chunk(RequestState& rs, const ScheduledSeq& s, const float* logits_row,
+                                const float* hidden_rows) {
+  SearchState& st = *rs.search;
+  const auto n_vocab = (size_t)model->config().n_vocab, dim = (size_t)model->config().dim;
+  if (hidden_rows && st.cand_seqs.empty() && s.seq == st.main) {
+    // The prompt's hidden states, by position (a recompute rewrites equal values).
+    const size_t end = (size_t)(s.start_pos + s.n_tokens) * dim;
+    if (st.ctx_hidden.size() < end) st.ctx_hidden.resize(end);
+    std::copy(hidden_rows, hidden_rows + (size_t)s.n_tokens * dim, st.ctx_hidden.begin() + s.start_pos * (int64_t)dim);
+  } else if (hidden_rows && logits_row) {
+    const float* last = hidden_rows + (size_t)(s.n_tokens - 1) * dim;
+    st.hidden.put(s.seq, {last, dim});
+  }
+  if (!logits_row) return;
+  const auto processed = st.out->sampler->processed_logits({logits_row, n_vocab}, sched->tokens(s.seq));
+  if (st.beam) {
+    std::vector<float> lp;
+    log_softmax(processed, &lp);
+    st.rows.put(s.seq, lp);
+  } else {
+    st.rows.put(s.seq, processed);
+  }
+}
+
+void Engine::Impl::apply_plan(RequestState& rs, const SearchPlan& plan) {
+  std::vector<SeqAdvance> adv;
+  for (const auto& [seq, token] : plan.advance) adv.push_back({seq, {token}, 0});
+  sched->update(SchedulerOutput{}, adv);
+  for (const SearchPlan::Fork& f : plan.fork) {
+    sched->fork(f.parent, f.child, f.token);
+    SeqState bare;
+    bare.req = &rs;
+    seqs.emplace(f.child, std::move(bare));
+  }
+  for (SeqId id : plan.finish) {
+    sched->finish(id);
+    seqs.erase(id);
+  }
+  rs.search->rows.clear();
+  rs.search->hidden.clear();
+}
+
+// Contrastive search: the top-k candidates after `from`'s context run as
+// `from` (the first) and forks of it (the others).
+void Engine::Impl::contrastive_expand(RequestState& rs, SeqId from) {
+  SearchState& st = *rs.search;
+  st.main = from;
+  st.cands = contrastive_candidates(st.rows.get(from), rs.req.params.top_k);
+  if (st.cands.empty()) st.cands.push_back({0, 1.0f});  // everything banned: the sampler's tie-break
+  SearchPlan plan;
+  plan.advance.emplace_back(from, st.cands[0].token);
+  st.cand_seqs.assign(1, from);
+  for (size_t i = 1; i < st.cands.size(); ++i) {
+    const SeqId child = next_seq++;
+    plan.fork.push_back({from, child, st.cands[i].token});
+    st.cand_seqs.push_back(child);
+  }
+  apply_plan(rs, plan);
+}
+
+// Nothing could run: search seqs that hold their rows may be keeping the
+// blocks (or running slots) a sibling of theirs, or of another search, waits
+// for. The newest such request gives its held seqs back (they recompute).
+void Engine::Impl::requeue_stalled_search() {
+  for (auto it = requests.rbegin(); it != requests.rend(); ++it) {
+    RequestState& rs = *it->second;
+    if (!rs.search || rs.n_open <= 0) continue;
+    bool any = false;
+    for (SeqId id : rs.search->live()) {
+      if (!rs.search->rows.has(id) || !sched->contains(id) || sched->state(id) != Scheduler::SeqState::running)
+        continue;
+      sched->requeue(id);
+      rs.search->rows.drop(id);
+      rs.search->hidden.drop(id);
+      any = true;
+    }
+    if (any) return;
+  }
+}
+
+// One search step of a request whose live seqs all have their rows.
+void Engine::Impl::search_step(RequestState& rs, int64_t time_ns,
+                               std::vector<std::pair<RequestStream*, OutputEvent>>* events,
+                               std::vector<uint64_t>* closed) {
+  SearchState& st = *rs.search;
+  if (rs.n_open <= 0 || !st.rows.has_all(st.live())) return;
+  const SamplingParams& p = rs.req.params;
+  auto end_request = [&] {
+    for (SeqId id : st.live()) {
+      sched->finish(id);
+      seqs.erase(id);
+    }
+    st.cand_seqs.clear();
+    rs.seqs.clear();
+    rs.n_open = 0;
+    closed->push_back(rs.id);
+  };
+  if (st.beam) {
+    const auto token_stop = [&](TokenId t, int32_t n) {
+      return check_token_stop(p, t, n, eog) == FinishReason::stop ? FinishReason::stop : FinishReason::none;
+    };
+    apply_plan(rs, st.beam->step([&](SeqId s) { return st.rows.get(s); }, token_stop, [&] { return next_seq++; }));
+    rs.seqs = st.live();
+    if (!st.beam->done()) return;
+    const auto best = st.beam->best(rs.req.n);
+    for (int32_t i = 0; i < rs.req.n; ++i) {
+      SeqState hs = make_seq_state(&rs, i, p);
+      hs.first_token_ns = st.out->first_token_ns ? st.out->first_token_ns : time_ns;
+      const bool have = (size_t)i < best.size();  // fewer hypotheses than n: empty ones
+      OutputEvent ev = make_event(hs, have ? std::span<const TokenId>(best[(size_t)i].tokens) : std::span<const TokenId>(),
+                                  nullptr, time_ns, have ? best[(size_t)i].finish : FinishReason::stop);
+      if (have) ev.search_score = best[(size_t)i].score;
+      events->emplace_back(rs.stream.get(), std::move(ev));
+    }
+    end_request();
+    return;
+  }
+  // Contrastive search.
+  if (st.cand_seqs.empty()) {  // the prompt's logits: the first candidates
+    if (st.out->first_token_ns == 0) st.out->first_token_ns = time_ns;
+    contrastive_expand(rs, st.main);
+    rs.seqs = st.live();
+    return;
+  }
+  const auto dim = (size_t)model->config().dim;
+  std::vector<float> cand_hidden;
+  for (SeqId c : st.cand_seqs) {
+    const auto h = st.hidden.get(c);
+    cand_hidden.insert(cand_hidden.end(), h.begin(), h.end());
+  }
+  const size_t win = contrastive_pick(st.cands, cand_hidden, st.ctx_hidden, (int64_t)dim, p.penalty_alpha);
+  const SeqId winner = st.cand_seqs[win];
+  st.ctx_hidden.insert(st.ctx_hidden.end(), cand_hidden.begin() + (ptrdiff_t)(win * dim),
+                       cand_hidden.begin() + (ptrdiff_t)((win + 1) * dim));
+  const TokenId token = st.cands[win].token;
+  OutputEvent ev = make_event(*st.out, std::span<const TokenId>(&token, 1), nullptr, time_ns);
+  const bool finished = ev.finish != FinishReason::none;
+  events->emplace_back(rs.stream.get(), std::move(ev));
+  if (finished) {
+    end_request();
+    return;
+  }
+  std::vector<float> next_row(st.rows.get(winner).begin(), st.rows.get(winner).end());
+  SearchPlan drop;
+  for (SeqId c : st.cand_seqs)
+    if (c != winner) drop.finish.push_back(c);
+  apply_plan(rs, drop);
+  st.rows.put(winner, next_row);
+  contrastive_expand(rs, winner);
+  rs.seqs = st.live();
+}
+
 void Engine::Impl::after_step(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
-                              const std::vector<float>& logits, int64_t step_start_ns) {
-  const int64_t n_vocab = model->config().n_vocab;
+                              const std::vector<float>& logits, const std::vector<float>& hidden,
+                              int64_t step_start_ns) {
+  const int64_t n_vocab = model->config().n_vocab, dim = model->config().dim;
   std::vector<SeqAdvance> advances;
   std::vector<size_t> first_row;  // per advance: its logits row for its first token
-  size_t row = 0;
+  std::vector<RequestState*> searching;  // search requests that got rows in this step
+  size_t row = 0, hidden_row = 0;
   int64_t prefill_computed = 0, spec_drafts = 0, spec_draft_tokens = 0, spec_accepted = 0;
+  for (SeqId id : out.preempted) {  // a preempted search seq's held rows wait for its recompute
+    auto it = seqs.find(id);
+    if (it == seqs.end() || !it->second.req->search) continue;
+    it->second.req->search->rows.drop(id);
+    it->second.req->search->hidden.drop(id);
+  }
   for (size_t i = 0; i < out.seqs.size(); ++i) {
     const ScheduledSeq& s = out.seqs[i];
     if (s.n_tokens > 1 || !s.needs_logits) prefill_computed += s.n_tokens;
-    if (auto it = seqs.find(s.seq); it != seqs.end() && it->second.cached_prompt_tokens < 0)
-      it->second.cached_prompt_tokens = s.start_pos;
+    auto it = seqs.find(s.seq);
+    if (it != seqs.end() && it->second.cached_prompt_tokens < 0) it->second.cached_prompt_tokens = s.start_pos;
+    if (it != seqs.end() && it->second.req->cached_prompt_tokens < 0)
+      it->second.req->cached_prompt_tokens = s.start_pos;
+    if (it != seqs.end() && it->second.req->search) {
+      RequestState& rs = *it->second.req;
+      search_chunk(rs, s, s.needs_logits ? logits.data() + row * (size_t)n_vocab : nullptr,
+                   s.want_hidden ? hidden.data() + hidden_row * (size_t)dim : nullptr);
+      if (std::find(searching.begin(), searching.end(), &rs) == searching.end()) searching.push_back(&rs);
+    }
+    if (s.want_hidden) hidden_row += (size_t)s.n_tokens;
     if (!s.needs_logits) continue;
+    if (it != seqs.end() && it->second.req->search) {
+      ++row;
+      continue;
+    }
     const std::span<const TokenId> d = drafts.empty() ? std::span<const TokenId>() : drafts[i];
     advances.push_back(verify(s, d, logits.data() + row * (size_t)n_vocab));
     first_row.push_back(row);
@@ -474,49 +758,19 @@ void Engine::Impl::after_step(const SchedulerOutput& out, std::span<const std::v
     const SeqId sid = advances[k].seq;
     SeqState& ss = seqs.at(sid);
     RequestState& rs = *ss.req;
-    const SamplingParams& p = rs.req.params;
-    OutputEvent ev;
-    ev.index = ss.index;
-    ev.time_ns = step_end_ns;
-    if (ss.first_token_ns == 0) ss.first_token_ns = step_end_ns;
-    FinishReason reason = FinishReason::none;
-    const int64_t detok_start = now_ns();
-    // Each token in turn: a stop ends the sample there, the rest is dropped.
-    for (size_t j = 0; j < advances[k].tokens.size() && reason == FinishReason::none; ++j) {
-      const TokenId t = advances[k].tokens[j];
-      ++ss.n_generated;
-      ++generated;
-      ev.tokens.push_back(t);
-      if (p.logprobs > 0) {
-        std::span<const float> lg(logits.data() + (first_row[k] + j) * (size_t)n_vocab, (size_t)n_vocab);
-        ev.logprobs.push_back(compute_logprobs(lg, t, p.logprobs));
-      }
-      reason = check_token_stop(p, t, ss.n_generated, eog);
-      if (reason != FinishReason::stop) {
-        if (ss.stop->feed(ss.detok->push(t), ev.text)) reason = FinishReason::stop;
-      }
-      if (reason == FinishReason::none && (int64_t)rs.req.prompt.size() + ss.n_generated >= rs.max_total)
-        reason = FinishReason::length;
-    }
-    if (reason != FinishReason::none) {
-      if (!ss.stop->stopped()) {
-        std::string tail = ss.detok->flush(), out_tail;
-        if (!ss.stop->feed(tail, out_tail)) ss.stop->finish(out_tail);
-        ev.text += out_tail;
-      }
-      ss.detokenize_ns += now_ns() - detok_start;
-      ev.timing = timing_of(ss, step_end_ns);
-      ev.finish = reason;
-      ev.prompt_tokens = (int64_t)rs.req.prompt.size();
-      ev.completion_tokens = ss.n_generated;
-      ev.cached_prompt_tokens = std::max<int64_t>(0, seqs.at(rs.seqs[0]).cached_prompt_tokens);
-      finish_seq(sid, reason);
+    OutputEvent ev = make_event(ss, advances[k].tokens, logits.data() + first_row[k] * (size_t)n_vocab, step_end_ns);
+    generated += (int64_t)ev.tokens.size();
+    if (ev.finish != FinishReason::none) {
+      finish_seq(sid, ev.finish);
       if (rs.n_open == 0) ++closed;
-    } else {
-      ss.detokenize_ns += now_ns() - detok_start;
     }
     events.emplace_back(rs.stream.get(), std::move(ev));
   }
+  std::vector<uint64_t> search_closed;
+  const size_t n_plain_events = events.size();
+  for (RequestState* rs : searching) search_step(*rs, step_end_ns, &events, &search_closed);
+  for (size_t k = n_plain_events; k < events.size(); ++k) generated += (int64_t)events[k].second.tokens.size();
+  closed += (int64_t)search_closed.size();
   // KV waste: allocated-but-unfilled slots of the running sequences.
   int64_t alloc = 0, filled = 0;
   for (const ScheduledSeq& s : out.seqs) {
@@ -542,6 +796,8 @@ void Engine::Impl::after_step(const SchedulerOutput& out, std::span<const std::v
   }
   publish_stats();
   for (auto& [stream, ev] : events) stream->push(std::move(ev));
+  for (uint64_t id : search_closed)
+    if (auto it = requests.find(id); it != requests.end()) close_request_if_done(*it->second);
   for (const SeqAdvance& a : advances) {
     auto it = seqs.find(a.seq);
     if (it == seqs.end()) continue;
@@ -566,7 +822,7 @@ void Engine::Impl::publish_stats() {
 }
 
 void Engine::Impl::loop() {
-  std::vector<float> logits;
+  std::vector<float> logits, hidden;
   std::vector<std::vector<TokenId>> drafts;
   for (;;) {
     {
@@ -583,6 +839,7 @@ void Engine::Impl::loop() {
     if (out.seqs.empty() && out.copies.empty() && out.swap_in.empty() && out.swap_out.empty()) {
       // Nothing could be scheduled this step (e.g. waiting for blocks that a
       // cancel will free); do not spin.
+      requeue_stalled_search();
       publish_stats();
       std::unique_lock<std::mutex> lk(inbox_mu);
       inbox_cv.wait_for(lk, std::chrono::milliseconds(5));
@@ -591,7 +848,13 @@ void Engine::Impl::loop() {
     const int64_t step_start_ns = now_ns();
     runner->apply_block_moves(out);
     Status st = propose(out, &drafts);
-    if (st.ok()) st = runner->execute(out, drafts, &logits);
+    bool any_hidden = false;
+    for (ScheduledSeq& s : out.seqs) {  // contrastive search reads the hidden states
+      auto it = seqs.find(s.seq);
+      s.want_hidden = it != seqs.end() && it->second.req->search && !it->second.req->search->beam;
+      any_hidden = any_hidden || s.want_hidden;
+    }
+    if (st.ok()) st = runner->execute(out, drafts, &logits, any_hidden ? &hidden : nullptr);
     if (!st.ok()) {
       // A batch that the scheduler built should always run; fail its requests
       // rather than the engine.
@@ -604,7 +867,7 @@ void Engine::Impl::loop() {
       }
       continue;
     }
-    after_step(out, drafts, logits, step_start_ns);
+    after_step(out, drafts, logits, hidden, step_start_ns);
   }
   // Shutting down: every open request gets an error event.
   for (auto& [id, rs] : requests) {
@@ -741,6 +1004,35 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   return e;
 }
 
+// Search decoding within the engine's bounds: the seqs of one request must
+// be able to run at once (max_seqs, the KV pool).
+Status Engine::check_search_request(const Request& req, int64_t max_total) const {
+  const SamplingParams& p = req.params;
+  const EngineConfig& cfg = impl_->cfg;
+  if (!p.beam_search() && !p.contrastive_search()) return {};
+  const int32_t limit = std::min(cfg.max_beam_width, cfg.max_seqs);
+  const char* field = p.beam_search() ? "beam_width" : "top_k";
+  const int32_t width = p.beam_search() ? p.beam_width : p.top_k;
+  if (width > limit)
+    return invalid_argument(std::string(field) + ": expected at most " + std::to_string(limit) +
+                            " on this server, got " + std::to_string(width));
+  if (p.beam_search() && req.n > p.beam_width)
+    return invalid_argument("n: expected at most beam_width (" + std::to_string(p.beam_width) + "), got " +
+                            std::to_string(req.n));
+  if (p.contrastive_search() && req.n != 1)
+    return invalid_argument("n: expected 1 with contrastive search, got " + std::to_string(req.n));
+  if ((int64_t)req.prompt.size() >= max_total)
+    return invalid_argument("prompt: " + std::to_string(req.prompt.size()) +
+                            " tokens leave no room for contrastive search in the context of " +
+                            std::to_string(cfg.max_model_len) + " tokens");
+  const int64_t blocks = impl_->kv->blocks_for(max_total) * width;
+  if (blocks > impl_->kv->n_blocks())
+    return invalid_argument(std::string(field) + ": " + std::to_string(width) + " sequences of up to " +
+                            std::to_string(max_total) + " tokens need " + std::to_string(blocks) +
+                            " KV blocks, the pool has " + std::to_string(impl_->kv->n_blocks()));
+  return {};
+}
+
 Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
   const ModelConfig& mc = impl_->model->config();
   const EngineConfig& cfg = impl_->cfg;
@@ -757,11 +1049,15 @@ Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
     return invalid_argument("n: expected a value in [1, " + std::to_string(cfg.max_n) + "], got " +
                             std::to_string(req.n));
   SERVAL_RETURN_IF_ERROR(req.params.validate((int32_t)mc.n_vocab));
+  const int64_t max_new = req.params.max_tokens ? *req.params.max_tokens : cfg.max_model_len;
+  // Contrastive search runs its candidates one position past the output.
+  const int64_t context = cfg.max_model_len - (req.params.contrastive_search() ? 1 : 0);
+  const int64_t max_total = std::min<int64_t>(context, (int64_t)req.prompt.size() + max_new);
+  SERVAL_RETURN_IF_ERROR(check_search_request(req, max_total));
   auto rs = std::make_unique<Impl::RequestState>();
   rs->id = impl_->next_request_id++;
   rs->arrival_ns = now_ns();
-  const int64_t max_new = req.params.max_tokens ? *req.params.max_tokens : cfg.max_model_len;
-  rs->max_total = std::min<int64_t>(cfg.max_model_len, (int64_t)req.prompt.size() + max_new);
+  rs->max_total = max_total;
   rs->stream = std::make_shared<RequestStream>(rs->id, req.n);
   rs->req = std::move(req);
   auto stream = rs->stream;

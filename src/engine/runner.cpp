@@ -63,7 +63,7 @@ Status Runner::draft(const SchedulerOutput& out, const DraftPick& pick, std::vec
 }
 
 Status Runner::execute(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
-                       std::vector<float>* logits) {
+                       std::vector<float>* logits, std::vector<float>* hidden) {
   SERVAL_ASSERT(drafts.empty() || drafts.size() == out.seqs.size());
   auto drafts_of = [&](size_t i) -> std::span<const TokenId> {
     if (drafts.empty()) return {};
@@ -78,9 +78,10 @@ Status Runner::execute(const SchedulerOutput& out, std::span<const std::vector<T
     batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin(), s.tokens.end());
     batch_.tokens.insert(batch_.tokens.end(), d.begin(), d.end());
     const auto n = static_cast<int32_t>(s.n_tokens + d.size());
-    batch_.seqs.push_back({s.start_pos, n, s.block_table, s.needs_logits, 1 + static_cast<int32_t>(d.size())});
+    batch_.seqs.push_back(
+        {s.start_pos, n, s.block_table, s.needs_logits, 1 + static_cast<int32_t>(d.size()), s.want_hidden});
   }
-  return forward_.forward(batch_, logits);
+  return forward_.forward(batch_, logits, hidden);
 }
 
 }  // namespace serval

@@ -52,8 +52,10 @@ class Runner {
   // n_draft tokens; `drafts` empty = no drafts anywhere). logits: [n_rows,
   // n_vocab], for each seq with needs_logits 1 + drafts[i].size() rows (its
   // chunk's last token, then each draft), in order.
+  // hidden (optional): the final-normed hidden states of every token of the
+  // seqs with want_hidden, in order ([n, dim]).
   Status execute(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
-                 std::vector<float>* logits);
+                 std::vector<float>* logits, std::vector<float>* hidden = nullptr);
 
   bool has_draft_model() const { return draft_forward_ != nullptr; }
 

@@ -28,7 +28,7 @@ void BatchForward::ensure_capacity(int64_t n) {
   grow(hidden_, c.ffn_dim);
 }
 
-Status BatchForward::forward(const Batch& batch, std::vector<float>* logits) {
+Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std::vector<float>* hidden) {
   const ModelConfig& c = model_.config();
   const ModelWeights& w = model_.weights();
   const KvGeometry& g = kv_.geometry();
@@ -66,6 +66,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits) {
       return invalid_argument("token id " + std::to_string(t) + " is out of range [0, " + std::to_string(c.n_vocab) + ")");
   if (n == 0) {
     logits->clear();
+    if (hidden) hidden->clear();
     return {};
   }
   ensure_capacity(n);
@@ -154,6 +155,19 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits) {
     if (!bs.needs_logits) continue;
     for (int64_t t = tok_end - bs.n_logits; t < tok_end; ++t, ++o)
       ref::rmsnorm(out_rows_.data() + o * dim, x_.data() + t * dim, w.output_norm.data(), dim, c.rms_eps);
+  }
+  if (hidden) {
+    hidden->clear();
+    tok_end = 0;
+    for (const BatchSeq& bs : batch.seqs) {
+      tok_end += bs.n_tokens;
+      if (!bs.want_hidden) continue;
+      for (int64_t t = tok_end - bs.n_tokens; t < tok_end; ++t) {
+        hidden->resize(hidden->size() + (size_t)dim);
+        ref::rmsnorm(hidden->data() + hidden->size() - (size_t)dim, x_.data() + t * dim, w.output_norm.data(), dim,
+                     c.rms_eps);
+      }
+    }
   }
   logits->resize((size_t)(n_out * c.n_vocab));
   if (n_out > 0) mm(w.output, out_rows_.data(), n_out, logits->data());

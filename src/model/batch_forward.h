@@ -31,6 +31,7 @@ struct BatchSeq {
   bool needs_logits = false;             // produce logits for the chunk's last token
   int32_t n_logits = 1;                  // with needs_logits: for its last n_logits tokens (1..n_tokens),
                                          // e.g. a token and the drafts after it (speculative verify)
+  bool want_hidden = false;              // the final-normed hidden state of each of its tokens (contrastive search)
 };
 
 struct Batch {
@@ -45,7 +46,10 @@ class BatchForward {
   // Runs the batch; `logits` becomes [n_outputs, n_vocab] (n_logits rows per
   // sequence with needs_logits, in batch order). Errors: token out of range, block table too
   // short, position beyond max_positions.
-  Status forward(const Batch& batch, std::vector<float>* logits);
+  // `hidden` (optional) becomes [n_hidden, dim]: the final-normed hidden
+  // state (the input of the output projection) of every token of each
+  // sequence with want_hidden, in batch order.
+  Status forward(const Batch& batch, std::vector<float>* logits, std::vector<float>* hidden = nullptr);
 
  private:
   void ensure_capacity(int64_t n_tokens);

@@ -1,5 +1,6 @@
 #include "model/reference_forward.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ref/ops.h"
@@ -40,7 +41,7 @@ void ReferenceForward::matvec(const Matrix& m, const float* x, float* y) {
   else rows(0, m.rows);
 }
 
-Status ReferenceForward::eval(int32_t token, std::span<float> logits) {
+Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<float> hidden) {
   const ModelConfig& c = model_.config();
   const ModelWeights& w = model_.weights();
   if (token < 0 || token >= c.n_vocab)
@@ -109,9 +110,10 @@ Status ReferenceForward::eval(int32_t token, std::span<float> logits) {
   }
   ++n_past_;
 
-  if (!logits.empty()) {
+  if (!logits.empty() || !hidden.empty()) {
     ref::rmsnorm(xn_.data(), x_.data(), w.output_norm.data(), dim, c.rms_eps);
-    matvec(w.output, xn_.data(), logits.data());
+    if (!hidden.empty()) std::copy(xn_.begin(), xn_.begin() + dim, hidden.begin());
+    if (!logits.empty()) matvec(w.output, xn_.data(), logits.data());
   }
   return {};
 }

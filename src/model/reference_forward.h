@@ -27,7 +27,9 @@ class ReferenceForward {
   // Runs token `token` at position n_past() and appends its K/V; when logits is
   // non-empty (n_vocab floats) writes the next-token logits there.
   // Errors: token out of [0, n_vocab), context full.
-  Status eval(int32_t token, std::span<float> logits);
+  // When hidden is non-empty (dim floats), writes the final-normed hidden
+  // state there (the input of the output projection).
+  Status eval(int32_t token, std::span<float> logits, std::span<float> hidden = {});
 
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return n_ctx_; }

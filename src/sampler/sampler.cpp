@@ -31,19 +31,10 @@ Expected<Sampler> Sampler::create(SamplingParams params, int32_t n_vocab) {
   return Sampler(std::move(params), n_vocab);
 }
 
-std::span<const Candidate> Sampler::distribution(std::span<const float> logits,
-                                                 std::span<const TokenId> history,
+std::span<const float> Sampler::processed_logits(std::span<const float> logits, std::span<const TokenId> history,
                                                  std::span<const uint64_t> allowed) {
   SERVAL_ASSERT(logits.size() == static_cast<size_t>(n_vocab_));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  auto& items = set_.items;
-  auto one_hot = [&](TokenId t, float logit) {
-    items.assign(1, Candidate{t, logit, 1.0f});  // capacity is kept: no allocation
-    set_.sorted = true;
-    return std::span<const Candidate>(items);
-  };
-
-  // 1-3: dense logits, penalties, bias.
   sanitize_logits(logits, logits_);
   if (penalties_on_) {
     std::span<const TokenId> window = history;
@@ -59,6 +50,22 @@ std::span<const Candidate> Sampler::distribution(std::span<const float> logits,
     for (size_t t = 0; t < logits_.size(); ++t)
       if (!((allowed[t >> 6] >> (t & 63)) & 1)) logits_[t] = kNegInf;
   }
+  return logits_;
+}
+
+std::span<const Candidate> Sampler::distribution(std::span<const float> logits,
+                                                 std::span<const TokenId> history,
+                                                 std::span<const uint64_t> allowed) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  auto& items = set_.items;
+  auto one_hot = [&](TokenId t, float logit) {
+    items.assign(1, Candidate{t, logit, 1.0f});  // capacity is kept: no allocation
+    set_.sorted = true;
+    return std::span<const Candidate>(items);
+  };
+
+  // 1-3: dense logits, penalties, bias.
+  processed_logits(logits, history, allowed);
 
   // 4: greedy.
   if (is_greedy()) {

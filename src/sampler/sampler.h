@@ -79,6 +79,13 @@ class Sampler {
                                           std::span<const TokenId> history,
                                           std::span<const uint64_t> allowed = {});
 
+  // Steps 1-3 only: the logits after sanitizing, penalties, logit_bias and
+  // the mask ([n_vocab], banned tokens -inf), which beam and contrastive
+  // search score. Points into this Sampler's buffer, valid until the next
+  // call. Does not touch the Rng.
+  std::span<const float> processed_logits(std::span<const float> logits, std::span<const TokenId> history,
+                                          std::span<const uint64_t> allowed = {});
+
   // The token at u in [0, 1) of `dist` (inverse CDF in the given order).
   static TokenId pick(std::span<const Candidate> dist, double u);
 

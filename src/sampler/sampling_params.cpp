@@ -107,6 +107,36 @@ Status SamplingParams::validate(int32_t n_vocab) const {
   if (logprobs < 0 || logprobs > L::max_logprobs) {
     return bad("logprobs", "a value in [0, " + num(int64_t{L::max_logprobs}) + "]", num(int64_t{logprobs}));
   }
+  return validate_search();
+}
+
+Status SamplingParams::validate_search() const {
+  using L = SamplingLimits;
+  if (beam_width < 0 || beam_width > L::max_beam_width)
+    return bad("beam_width", "a value in [0, " + num(int64_t{L::max_beam_width}) + "]", num(int64_t{beam_width}));
+  SERVAL_RETURN_IF_ERROR(
+      check_closed("length_penalty", length_penalty, -L::max_abs_length_penalty, L::max_abs_length_penalty));
+  SERVAL_RETURN_IF_ERROR(check_closed("diversity_penalty", diversity_penalty, 0.0f, L::max_diversity_penalty));
+  SERVAL_RETURN_IF_ERROR(check_closed("penalty_alpha", penalty_alpha, 0.0f, 1.0f));
+  const int32_t width = std::max(beam_width, 1);
+  if (num_beam_groups < 1 || num_beam_groups > width || width % num_beam_groups != 0)
+    return bad("num_beam_groups", "a divisor of beam_width (" + num(int64_t{width}) + ")",
+               num(int64_t{num_beam_groups}));
+  if (diversity_penalty > 0.0f && num_beam_groups < 2)
+    return bad("diversity_penalty", "0 unless num_beam_groups > 1", num(diversity_penalty));
+  if (penalty_alpha > 0.0f) {
+    if (beam_search()) return bad("penalty_alpha", "0 with beam search", num(penalty_alpha));
+    if (top_k < 2 || top_k > L::max_contrastive_top_k)
+      return bad("top_k", "a value in [2, " + num(int64_t{L::max_contrastive_top_k}) + "] with penalty_alpha > 0",
+                 num(int64_t{top_k}));
+  }
+  if ((beam_search() || contrastive_search()) && grammar)
+    return bad(beam_search() ? "beam_width" : "penalty_alpha", "no search decoding with a grammar (response_format, "
+               "tools, guided decoding)", "both");
+  if (beam_search() && !stop.empty())
+    return bad("stop", "no stop strings with beam search (stop_token_ids work)", num(int64_t(stop.size())) + " strings");
+  if ((beam_search() || contrastive_search()) && logprobs > 0)
+    return bad("logprobs", "0 with beam or contrastive search", num(int64_t{logprobs}));
   return {};
 }
 

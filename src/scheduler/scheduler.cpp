@@ -95,6 +95,7 @@ Status Scheduler::add(SeqRequest r) {
   s.max_total_tokens = r.max_total_tokens;
   s.key = r.prefix_key;
   s.speculate = r.speculate && cfg_.draft_max > 0;
+  s.swappable = r.swappable;
   s.arrival = next_arrival_++;
   s.state = SeqState::waiting;
   seqs_.emplace(s.id, std::move(s));
@@ -160,17 +161,29 @@ void Scheduler::preempt(Seq& v, SchedulerOutput* out) {
   ++n_preemptions_;
   out->preempted.push_back(v.id);
   erase_id(&running_, v.id);
-  if (cfg_.preemption == SchedulerConfig::Preemption::swap && kv_->can_swap_out(v.id)) {
+  if (cfg_.preemption == SchedulerConfig::Preemption::swap && v.swappable && kv_->can_swap_out(v.id)) {
     kv_->swap_out(v.id, &out->swap_out);
     v.state = SeqState::swapped;
     swapped_.push_back(v.id);
   } else {
-    kv_->free(v.id);
-    v.num_computed = 0;
-    v.draft_computed = 0;
-    v.state = SeqState::waiting;
-    waiting_.push_back(v.id);
+    to_waiting(v);
   }
+}
+
+void Scheduler::to_waiting(Seq& v) {
+  kv_->free(v.id);
+  v.num_computed = 0;
+  v.draft_computed = 0;
+  v.state = SeqState::waiting;
+  waiting_.push_back(v.id);
+}
+
+void Scheduler::requeue(SeqId seq) {
+  Seq& v = get(seq);
+  SERVAL_ASSERT(v.state == SeqState::running);
+  ++n_preemptions_;
+  erase_id(&running_, v.id);
+  to_waiting(v);
 }
 
 void Scheduler::emit(Seq& s, int64_t n_tokens, SchedulerOutput* out, int32_t n_draft) {

@@ -89,6 +89,10 @@ struct SeqRequest {
   int64_t max_total_tokens = 0;   // prompt + max new tokens; > prompt.size(), <= max_model_len
   PrefixKey prefix_key;
   bool speculate = true;          // draft slots when SchedulerConfig::draft_max > 0
+  // false: preempted by recompute even under Preemption::swap (search
+  // decoding holds seqs whose tokens are all computed; a swapped-out one
+  // would have no gap to be swapped back in for). Forks inherit it.
+  bool swappable = true;
 };
 
 // What the engine did with one seq's logits in a step: `tokens` = the accepted
@@ -128,6 +132,12 @@ class Scheduler {
   void set_last_token(SeqId seq, TokenId token);
 
   SchedulerOutput schedule();
+
+  // Preempts a running seq by recompute outside schedule(): its blocks are
+  // freed and it waits to be recomputed. The engine's way out when every
+  // running seq of search decoding waits for a sibling that cannot be
+  // admitted (nothing else would ever free their blocks).
+  void requeue(SeqId seq);
 
   // After the runner executed `out`: each scheduled seq's num_computed
   // advances by its n_tokens and its newly full blocks enter the prefix cache;
@@ -177,6 +187,7 @@ class Scheduler {
     SeqState state = SeqState::waiting;
     uint64_t scheduled_step = UINT64_MAX;  // the step it was last scheduled in
     bool speculate = false;
+    bool swappable = true;
     double accepted_mean = -1;  // running mean of accepted drafts per verify; < 0: none yet
     int32_t decodes_without_draft = 0;
     int64_t draft_computed = 0;  // track_draft_kv: positions the draft model has K/V for (<= num_computed)
@@ -189,6 +200,7 @@ class Scheduler {
   std::vector<SeqId> by_importance(const std::vector<SeqId>& ids) const;
   bool done(const Seq& s) const { return static_cast<int64_t>(s.tokens.size()) >= s.max_total_tokens; }
   void preempt(Seq& victim, SchedulerOutput* out);
+  void to_waiting(Seq& v);  // recompute: blocks freed, num_computed 0, appended to waiting_
   void emit(Seq& s, int64_t n_tokens, SchedulerOutput* out, int32_t n_draft = 0);
   static void erase_id(std::vector<SeqId>* v, SeqId id);
 

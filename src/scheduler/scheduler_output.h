@@ -29,6 +29,9 @@ struct ScheduledSeq {
   // draft_catch_up, the tokens of [draft_start_pos, start_pos), then the chunk.
   int64_t draft_start_pos = 0;
   std::vector<TokenId> draft_catch_up;
+  // Set by the engine, not the scheduler: return the final-normed hidden
+  // state of each of the chunk's tokens too (contrastive search).
+  bool want_hidden = false;
 };
 
 struct SchedulerOutput {

@@ -142,9 +142,29 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
   }
   if (auto v = rd.boolean("ignore_eos")) p.ignore_eos = *v;
   if (auto v = rd.integer("n", 1, ctx.limits.max_n)) r.n = (int32_t)*v;
-  if (auto v = rd.integer("best_of", 1, ctx.limits.max_n)) {
-    if (*v != r.n) return bad_request("best_of: only best_of == n is supported", "best_of");
+  // Search decoding (docs/SEARCH_DECODING.md): vLLM's use_beam_search with
+  // best_of as the beam width, or beam_width itself; Hugging Face's names for
+  // the rest. SamplingParams::validate and Engine::submit range-check them.
+  const bool use_beam = rd.boolean("use_beam_search").value_or(false);
+  std::optional<int64_t> best_of =
+      rd.integer("best_of", 1, std::max<int64_t>(ctx.limits.max_n, SamplingLimits::max_beam_width));
+  if (auto v = rd.integer("beam_width", 0, SamplingLimits::max_beam_width)) p.beam_width = (int32_t)*v;
+  else if (use_beam) p.beam_width = (int32_t)best_of.value_or(r.n);
+  if (use_beam && p.beam_width < 2)
+    return bad_request("use_beam_search: needs a beam width (best_of, or n) of at least 2", "best_of");
+  if (best_of && *best_of != (p.beam_search() ? p.beam_width : r.n))
+    return bad_request(p.beam_search() ? "best_of: must equal beam_width when both are given"
+                                       : "best_of: only best_of == n is supported without beam search",
+                       "best_of");
+  rd.fnum("length_penalty", &p.length_penalty);
+  if (const json* es = rd.get("early_stopping")) {
+    if (es->is_boolean()) p.early_stopping = es->get<bool>() ? EarlyStopping::yes : EarlyStopping::heuristic;
+    else if (es->is_string() && es->get<std::string>() == "never") p.early_stopping = EarlyStopping::never;
+    else return bad_request("early_stopping: expected true, false or \"never\"", "early_stopping");
   }
+  if (auto v = rd.integer("num_beam_groups", 1, SamplingLimits::max_beam_width)) p.num_beam_groups = (int32_t)*v;
+  rd.fnum("diversity_penalty", &p.diversity_penalty);
+  rd.fnum("penalty_alpha", &p.penalty_alpha);
   if (auto v = rd.integer("priority", -1000000, 1000000)) r.priority = (int32_t)*v;
   if (auto v = rd.boolean("stream")) r.stream = *v;
   if (const json* so = rd.get("stream_options")) {

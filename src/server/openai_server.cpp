@@ -82,6 +82,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     int64_t completion_tokens = 0;
     size_t streamed = 0;  // bytes of `text` already sent (tool mode holds a possible call back)
     std::optional<json> tool_call;  // the OpenAI tool_calls entry when the output is a call
+    std::optional<double> beam_score;  // beam search: the hypothesis' score
   };
 
   OpenAiServer* srv = nullptr;
@@ -166,6 +167,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     if (req.logprobs && !ev.logprobs.empty()) lp = add_logprobs(c, ev);
     c.text += ev.text;
     c.completion_tokens += (int64_t)ev.tokens.size();
+    if (ev.search_score) c.beam_score = *ev.search_score;
     obs->on_event(stream_idx, ci, ev);
     if (ev.finish != FinishReason::none) {
       c.finish = finish_reason_name(ev.finish);
@@ -205,6 +207,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       }
       choice["logprobs"] = lp;
       choice["finish_reason"] = ev.finish == FinishReason::none ? json(nullptr) : json(c.finish);
+      if (c.beam_score) choice["beam_score"] = *c.beam_score;
       chunk["choices"] = json::array({choice});
       const bool empty_delta = req.chat && choice["delta"].empty();  // e.g. a tool call held back
       if ((!ev.text.empty() || ev.finish != FinishReason::none || !lp.is_null() || req.chat) &&
@@ -264,6 +267,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
                                              : json(nullptr);
         }
         ch_json["finish_reason"] = c.finish.empty() ? json(nullptr) : json(c.finish);
+        if (c.beam_score) ch_json["beam_score"] = *c.beam_score;
         arr.push_back(ch_json);
       }
       out["choices"] = arr;

@@ -200,3 +200,25 @@ TEST(Cli, SpeculativeRunMatchesGoldenAndBenchReportsAcceptance) {
   expect_usage_error("run -m " + kStories + " -p hi --draft-model " + gpt2, "vocabulary");
   std::remove(gpt2.c_str());
 }
+
+TEST(Cli, SearchDecodingFlags) {
+  // Beam search: --num-return hypotheses, each under a header with its score, best first.
+  Result r = run("run -m " + kStories + " -p 'Once upon a time' -n 12 -t 1 --beam-width 4 --num-return 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<double> scores;
+  for (size_t at = r.out.find("(score "); at != std::string::npos; at = r.out.find("(score ", at + 1))
+    scores.push_back(std::stod(r.out.substr(at + 7)));
+  ASSERT_EQ(scores.size(), 2u) << r.out;
+  EXPECT_GE(scores[0], scores[1]);
+  EXPECT_NE(r.out.find("--- beam 2"), std::string::npos) << r.out;
+  // Contrastive search is deterministic and differs from greedy decoding here.
+  const std::string cs = "run -m " + kStories + " -p 'Once upon a time' -n 16 -t 1 --penalty-alpha 0.6 --top-k 4";
+  Result a = run(cs), b = run(cs + " --temp 1.5"), g = run("run -m " + kStories + " -p 'Once upon a time' -n 16 --temp 0");
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, g.out);
+  Result bad = run("run -m " + kStories + " -p 'x' -n 4 --beam-width 4 --num-beam-groups 3");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_EQ(count_lines(bad.err), 1u) << bad.err;
+  EXPECT_NE(bad.err.find("num_beam_groups"), std::string::npos) << bad.err;
+}
