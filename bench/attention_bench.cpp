@@ -2,8 +2,9 @@
 // attention shape (32 query heads, 4 KV heads, head_dim 64, blocks of 16), per
 // KV type and kernel level: the last m tokens of an n_ctx context, either as one
 // tile ("tile": one pass over K/V for all m tokens) or as m one-token tiles
-// ("token": what a per-token kernel costs). items/s = query tokens per second
-// on one thread; the tile/token ratio is the multi-query gain.
+// ("token": what a per-token kernel costs), and for f32 also through the
+// previous per-token F32 kernel kernels::attention ("legacy"). items/s = query
+// tokens per second on one thread; tile/token is the multi-query gain.
 //
 //   serval_attention_bench --benchmark_filter='q8_0/m16/' --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
@@ -26,7 +27,9 @@ using namespace serval;
 
 constexpr int32_t kHeads = 32, kKvHeads = 4, kHeadDim = 64, kBlock = 16;
 
-void bm_tile(benchmark::State& state, Isa isa, KvType type, int32_t m, int64_t n_ctx, bool tiled) {
+enum class Mode { tile, token, legacy };
+
+void bm_tile(benchmark::State& state, Isa isa, KvType type, int32_t m, int64_t n_ctx, Mode mode) {
   kernels::set_isa(isa);
   const int32_t kv_dim = kKvHeads * kHeadDim, q_dim = kHeads * kHeadDim;
   const size_t row = kv_row_bytes(type, kv_dim);
@@ -57,10 +60,23 @@ void bm_tile(benchmark::State& state, Isa isa, KvType type, int32_t m, int64_t n
   t.scale = 0.125f;
   t.out_stride = q_dim;
   const int64_t p0 = n_ctx - m;
+  std::vector<const float*> kf, vf;
+  for (int64_t b = 0; b < nb; ++b) {
+    kf.push_back(reinterpret_cast<const float*>(kb[(size_t)b]));
+    vf.push_back(reinterpret_cast<const float*>(vb[(size_t)b]));
+  }
+  std::vector<float> scratch((size_t)n_ctx);
   for (auto _ : state) {
+    if (mode == Mode::legacy) {
+      for (int32_t i = 0; i < m; ++i)
+        kernels::attention(q.data() + i * q_dim, kf.data(), vf.data(), kBlock, kv_dim, p0 + i + 1, kHeads, kKvHeads,
+                           kHeadDim, 0.125f, out.data() + i * q_dim, scratch.data());
+      benchmark::ClobberMemory();
+      continue;
+    }
     for (int32_t g = 0; g < kKvHeads; ++g) {
       t.kv_head = g;
-      if (tiled) {
+      if (mode == Mode::tile) {
         t.q = q.data();
         t.out = out.data();
         t.p0 = p0;
@@ -88,11 +104,14 @@ int register_all() {
     for (int32_t m : {1, 16, 64})
       for (int64_t ctx : {512, 2048})
         for (Isa isa : {Isa::avx2, Isa::avx512})
-          for (bool tiled : {true, false}) {
-            if (!isa_supported(isa, cpu_features()) || (m == 1 && !tiled)) continue;
+          for (Mode mode : {Mode::tile, Mode::token, Mode::legacy}) {
+            if (!isa_supported(isa, cpu_features()) || (m == 1 && mode == Mode::token) ||
+                (mode == Mode::legacy && type != KvType::f32))
+              continue;
+            const char* mode_name = mode == Mode::tile ? "/tile" : mode == Mode::token ? "/token" : "/legacy";
             const std::string name = std::string(kv_type_name(type)) + "/m" + std::to_string(m) + "/ctx" +
-                                     std::to_string(ctx) + "/" + isa_name(isa) + (tiled ? "/tile" : "/token");
-            benchmark::RegisterBenchmark(name.c_str(), bm_tile, isa, type, m, ctx, tiled)
+                                     std::to_string(ctx) + "/" + isa_name(isa) + mode_name;
+            benchmark::RegisterBenchmark(name.c_str(), bm_tile, isa, type, m, ctx, mode)
                 ->Unit(benchmark::kMicrosecond)
                 ->UseRealTime()
                 ->ComputeStatistics("min", min_of);
