@@ -4,7 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <map>
+#include <vector>
 #include <string>
 
 #include "serval/engine.h"
@@ -13,13 +13,14 @@
 namespace serval::cli {
 
 inline void add_kv_type_option(CLI::App& app, KvType* t) {
-  std::map<std::string, KvType> names;
-  for (KvType k : kAllKvTypes) names[kv_type_name(k)] = k;
-  names["fp8_e4m3"] = KvType::fp8;
-  app.add_option("--kv-type", *t,
-                 "KV cache element type: f32, f16, bf16, q8_0, q4_0 or fp8 (E4M3); q8_0 and q4_0 need the "
-                 "model's head_dim to be a multiple of 32")
-      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case))
+  std::vector<std::string> names;
+  for (KvType k : kAllKvTypes) names.push_back(kv_type_name(k));
+  names.push_back("fp8_e4m3");
+  app.add_option_function<std::string>(
+         "--kv-type", [t](const std::string& s) { *t = *parse_kv_type(s); },
+         "KV cache element type: f32, f16, bf16, q8_0, q4_0 or fp8 (E4M3); q8_0 and q4_0 need the model's "
+         "head_dim to be a multiple of 32")
+      ->check(CLI::IsMember(names))
       ->default_str(kv_type_name(*t));
 }
 
