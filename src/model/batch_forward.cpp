@@ -131,6 +131,17 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits) {
   for (size_t s = 0, tok = 0; s < batch.seqs.size(); tok += (size_t)batch.seqs[s].n_tokens, ++s)
     for (int32_t i = 0; i < batch.seqs[s].n_tokens; i += max_m)
       tiles.push_back({s, (int64_t)tok + i, std::min(max_m, batch.seqs[s].n_tokens - i)});
+  // The pool splits work into contiguous chunks, and a tile's cost grows with
+  // its position: order tiles largest, smallest, 2nd largest, 2nd smallest, ...
+  // so every chunk gets a fair share. (Which thread runs a tile never changes
+  // its result.)
+  {
+    auto cost = [&](const Tile& t) { return (tok_pos[(size_t)t.tok] + t.m) * t.m; };
+    std::vector<Tile> by_cost = tiles;
+    std::stable_sort(by_cost.begin(), by_cost.end(), [&](const Tile& a, const Tile& b) { return cost(a) > cost(b); });
+    for (size_t i = 0, lo = 0, hi = by_cost.size(); lo < hi; ++i)
+      tiles[i] = (i % 2 == 0) ? by_cost[lo++] : by_cost[--hi];
+  }
 
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const LayerWeights& l = w.layers[(size_t)il];
