@@ -23,6 +23,7 @@
 #include "common/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kv_cache/kv_storage.h"
+#include "kv_type_flag.h"
 #include "load_model.h"
 #include "model/batch_forward.h"
 #include "model/model.h"
@@ -141,6 +142,8 @@ int cmd_bench_model(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
   app.add_option("-b,--ubatch", ubatch, "prompt tokens per forward call")->check(CLI::Range(1, 65536));
   app.add_option("-o,--output", format, "md or json")->check(CLI::IsMember({"md", "json"}));
+  KvType kv_type = EngineConfig{}.kv_type;
+  add_kv_type_option(app, &kv_type);
   if (auto rc = parse(app, argc, argv)) return *rc;
   if (n_prompt == 0 && n_gen == 0) return fail(cmd, "nothing to run: -p and -n are both 0");
 
@@ -152,7 +155,9 @@ int cmd_bench_model(int argc, char** argv) {
   if (c.n_ctx_train > 0 && ctx > c.n_ctx_train)
     return fail(cmd, "-p/-n of " + std::to_string(ctx) + " exceed the model's context of " +
                          std::to_string(c.n_ctx_train));
-  const KvGeometry g{(int32_t)c.n_layers, (int32_t)c.kv_dim(), 16};
+  if (std::string why = kv_type_check(kv_type, c.head_dim); !why.empty()) return fail(cmd, why);
+  const KvGeometry g{(int32_t)c.n_layers, (int32_t)c.kv_dim(), 16, kv_type};
+  std::fprintf(stderr, "%s: KV cache %s, %zu bytes/token\n", cmd.c_str(), kv_type_name(kv_type), g.bytes_per_token());
   auto kv = KvStorage::create(g, (int32_t)((ctx + 15) / 16));
   if (!kv.ok()) return fail(cmd, kv.status().message());
   const int nt = threads > 0 ? threads : ThreadPool::default_threads();

@@ -13,6 +13,7 @@
 #include "bench_http.h"
 #include "bench_model.h"
 #include "cli_util.h"
+#include "kv_type_flag.h"
 #include "load_model.h"
 #include "spec_flags.h"
 #include "commands.h"
@@ -112,6 +113,7 @@ RunResult run_once(const std::shared_ptr<const Model>& model, const Tokenizer& t
     std::exit(2);
   }
   Engine& engine = **engine_or;
+  log_kv_cache("serval bench", engine);
   std::mutex mu;
   std::vector<double> ttft((size_t)n_requests, 0), itl;
   double decode_s = 0;       // summed over requests: first to last token
@@ -256,6 +258,8 @@ int cmd_bench(int argc, char** argv) {
   tp->add_option("-o,--output", format, "text or json")->check(CLI::IsMember({"text", "json"}));
   tp->add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
   tp->add_option("--kv-memory", kv_mem, "KV pool: bytes (512M, 2G) or a fraction of free RAM");
+  KvType kv_type = EngineConfig{}.kv_type;
+  add_kv_type_option(*tp, &kv_type);
   tp->add_option("--max-batch-tokens", max_batch_tokens, "token budget per step")->check(CLI::Range(1, 1 << 20));
   tp->add_option("--max-seqs", max_seqs, "sequences per step")->check(CLI::Range(1, 1 << 16));
   tp->add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
@@ -315,6 +319,7 @@ int cmd_bench(int argc, char** argv) {
   ec.n_threads = threads;
   ec.kv_memory_bytes = *kvb;
   ec.block_size = block_size;
+  ec.kv_type = kv_type;
   ec.max_batch_tokens = max_batch_tokens;
   ec.max_seqs = max_seqs;
   const int total_len = grounded ? 2 * prompt_len + 2 * gen_len : prompt_len + gen_len;

@@ -12,10 +12,12 @@
 #include "sampler/grammar/grammar.h"
 
 #include "cli_util.h"
+#include "kv_type_flag.h"
 #include "load_model.h"
 #include "spec_flags.h"
 #include "commands.h"
 #include "common/thread_pool.h"
+#include "kv_cache/kv_storage.h"
 #include "model/model.h"
 #include "serval/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -58,6 +60,8 @@ int cmd_run(int argc, char** argv) {
   app.add_flag("--no-bos", no_bos, "do not add BOS even if the model asks for it");
   app.add_flag("--verbose-prompt", verbose_prompt, "print the prompt's tokens on stderr");
   app.add_option("--kv-memory", kv_memory, "KV cache pool: bytes (512M, 2G) or a fraction of free RAM");
+  KvType kv_type = EngineConfig{}.kv_type;
+  add_kv_type_option(app, &kv_type);
   app.add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
   std::string grammar, grammar_file, json_schema, regex;
   auto* g1 = app.add_option("--grammar", grammar, "constrain the output to this GBNF grammar (docs/STRUCTURED_OUTPUT.md)");
@@ -148,16 +152,19 @@ int cmd_run(int argc, char** argv) {
   auto kvb = parse_kv_memory(kv_memory);
   if (!kvb.ok()) return fail(cmd, kvb.status().message());
   // A single sequence never needs more than its context's worth of blocks.
-  size_t per_token = (size_t)m.config().n_layers * 2 * (size_t)m.config().kv_dim() * sizeof(float);
+  ec.kv_type = kv_type;
+  size_t per_token = KvGeometry{(int32_t)m.config().n_layers, (int32_t)m.config().kv_dim(), 16, kv_type}.bytes_per_token();
   if (ec.spec.draft_model)
-    per_token += (size_t)ec.spec.draft_model->config().n_layers * 2 * (size_t)ec.spec.draft_model->config().kv_dim() *
-                 sizeof(float);
+    per_token += KvGeometry{(int32_t)ec.spec.draft_model->config().n_layers,
+                            (int32_t)ec.spec.draft_model->config().kv_dim(), 16, kv_type}
+                     .bytes_per_token();
   // Beam and contrastive search run beam_width / top_k sequences.
   const size_t n_seqs = (size_t)std::max({1, sp.beam_width, sp.contrastive_search() ? sp.top_k : 1});
   ec.kv_memory_bytes = std::min<size_t>(*kvb, n_seqs * (size_t)(n_ctx + 64 + 16 * 4) * per_token);
   const int64_t prompt_len = (int64_t)tokens.size();
   auto engine = Engine::create(shared_model, *tok, ec);
   if (!engine.ok()) return fail(cmd, engine.status().message());
+  log_kv_cache(cmd, **engine);
 
   // The prompt text is echoed as the user typed it; generated text follows.
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);

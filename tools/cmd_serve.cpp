@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cli_util.h"
+#include "kv_type_flag.h"
 #include "load_model.h"
 #include "spec_flags.h"
 #include "commands.h"
@@ -57,6 +58,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "compute threads (default: physical cores)")->check(CLI::Range(0, 1024));
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   app.add_option("--kv-memory", kv_memory, "KV cache pool: bytes (512M, 2G) or a fraction of free RAM");
+  KvType kv_type = EngineConfig{}.kv_type;
+  add_kv_type_option(app, &kv_type);
   app.add_option("--swap-memory", swap_memory, "host swap space for preemption by swapping (0: recompute)");
   app.add_option("-c,--ctx-size,--max-model-len", ctx, "context per sequence (0: the model's, at most 4096)")
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
@@ -167,6 +170,7 @@ int cmd_serve(int argc, char** argv) {
   ec.kv_memory_bytes = *kvb;
   ec.swap_memory_bytes = swap_bytes;
   ec.block_size = block_size;
+  ec.kv_type = kv_type;
   ec.max_batch_tokens = max_batch_tokens;
   ec.max_seqs = max_seqs;
   ec.max_model_len = ctx;
@@ -218,6 +222,7 @@ int cmd_serve(int argc, char** argv) {
     hs->stop();
   });
   const EngineInfo info = (*engine)->info();
+  log_kv_cache(cmd, **engine);
   std::fprintf(stderr, "serval serve: listening on http://%s:%u  model '%s' (%s, context %lld, %d compute threads)\n",
                host.c_str(), (unsigned)hs->port(), api_raw->model_name().c_str(), info.architecture.c_str(),
                (long long)info.max_model_len, threads > 0 ? threads : ThreadPool::default_threads());

@@ -949,9 +949,13 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   auto impl = std::make_unique<Impl>(std::move(model), tok, cfg);
   const Model& m = *impl->model;
   const Model* draft = cfg.spec.mode == SpecConfig::Mode::draft_model ? cfg.spec.draft_model.get() : nullptr;
-  KvGeometry g{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), cfg.block_size};
+  if (std::string why = kv_type_check(cfg.kv_type, mc.head_dim); !why.empty()) return invalid_argument(why);
+  if (draft)
+    if (std::string why = kv_type_check(cfg.kv_type, draft->config().head_dim); !why.empty())
+      return invalid_argument("draft model: " + why);
+  KvGeometry g{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), cfg.block_size, cfg.kv_type};
   KvGeometry dg{draft ? (int32_t)draft->config().n_layers : 0, draft ? (int32_t)draft->config().kv_dim() : 0,
-                cfg.block_size};
+                cfg.block_size, cfg.kv_type};
   // The draft's pool mirrors the target's block ids: --kv-memory pays for both.
   const size_t bpb = g.bytes_per_block() + (draft ? dg.bytes_per_block() : 0);
   const int64_t n_blocks = (int64_t)(cfg.kv_memory_bytes / bpb);
@@ -1092,6 +1096,8 @@ EngineInfo Engine::info() const {
   i.n_vocab = impl_->model->config().n_vocab;
   i.max_model_len = impl_->cfg.max_model_len;
   if (auto t = f.get_string("tokenizer.chat_template"); t.ok()) i.chat_template = *t;
+  i.kv_bytes_per_token = impl_->storage->geometry().bytes_per_token() +
+                         (impl_->draft_storage ? impl_->draft_storage->geometry().bytes_per_token() : 0);
   return i;
 }
 

@@ -3,8 +3,10 @@
 // (KvCacheManager) decides which block ids a sequence owns; this class only
 // holds the bytes and moves whole blocks (copy-on-write, swap).
 //
-// Layout (F32): for each layer, K and V are [n_blocks, block_size, kv_dim], so a
-// block's K for one layer is one contiguous block_size * kv_dim run.
+// Layout: for each layer, K and V are [n_blocks, block_size] rows of
+// row_bytes() bytes (kv_dim elements stored as the geometry's KvType,
+// tensor/kv_type.h), so a block's K for one layer is one contiguous run of
+// block_bytes(). Copies and swaps move bytes, so they work for every type.
 //
 // Allocated once at construction. Written by the runner (engine loop thread)
 // only; not thread-safe.
@@ -17,6 +19,7 @@
 
 #include "common/status.h"
 #include "kv_cache/kv_types.h"
+#include "tensor/kv_type.h"
 
 namespace serval {
 
@@ -24,10 +27,13 @@ struct KvGeometry {
   int32_t n_layers = 0;
   int32_t kv_dim = 0;       // n_kv_heads * head_dim
   int32_t block_size = 16;  // tokens per block
+  KvType type = KvType::f32;
 
+  // Bytes of one token's K (or V) row in one layer.
+  size_t row_bytes() const { return kv_row_bytes(type, kv_dim); }
   // Bytes one block takes across all layers (K and V).
-  size_t bytes_per_block() const { return (size_t)n_layers * 2 * (size_t)block_size * (size_t)kv_dim * sizeof(float); }
-  size_t bytes_per_token() const { return (size_t)n_layers * 2 * (size_t)kv_dim * sizeof(float); }
+  size_t bytes_per_block() const { return (size_t)n_layers * 2 * (size_t)block_size * row_bytes(); }
+  size_t bytes_per_token() const { return (size_t)n_layers * 2 * row_bytes(); }
 };
 
 class KvStorage {
@@ -39,20 +45,20 @@ class KvStorage {
   int32_t n_blocks() const { return n_blocks_; }
   int32_t n_host_blocks() const { return n_host_blocks_; }
 
-  // K (or V) rows of one block in one layer: [block_size, kv_dim].
-  float* k(int32_t layer, BlockId b) { return data_.get() + offset(layer, 0, b); }
-  float* v(int32_t layer, BlockId b) { return data_.get() + offset(layer, 1, b); }
-  const float* k(int32_t layer, BlockId b) const { return data_.get() + offset(layer, 0, b); }
-  const float* v(int32_t layer, BlockId b) const { return data_.get() + offset(layer, 1, b); }
+  // K (or V) rows of one block in one layer: block_size rows of row_bytes().
+  uint8_t* k(int32_t layer, BlockId b) { return data_.get() + offset(layer, 0, b); }
+  uint8_t* v(int32_t layer, BlockId b) { return data_.get() + offset(layer, 1, b); }
+  const uint8_t* k(int32_t layer, BlockId b) const { return data_.get() + offset(layer, 0, b); }
+  const uint8_t* v(int32_t layer, BlockId b) const { return data_.get() + offset(layer, 1, b); }
 
   void copy_block(BlockId src, BlockId dst);   // all layers, K and V
   void swap_out(const BlockSwap& s);           // device block -> host slot
   void swap_in(const BlockSwap& s);            // host slot -> device block
 
  private:
-  size_t block_floats() const { return (size_t)g_.block_size * (size_t)g_.kv_dim; }
+  size_t block_bytes() const { return (size_t)g_.block_size * g_.row_bytes(); }
   size_t offset(int32_t layer, int kv, BlockId b) const {
-    return (((size_t)layer * 2 + (size_t)kv) * (size_t)n_blocks_ + (size_t)b) * block_floats();
+    return (((size_t)layer * 2 + (size_t)kv) * (size_t)n_blocks_ + (size_t)b) * block_bytes();
   }
 
   KvGeometry g_;
@@ -60,8 +66,8 @@ class KvStorage {
   int32_t n_host_blocks_ = 0;
   // Left uninitialized (every slot is written before it is read), so a large
   // pool costs no start-up time and pages are committed as they are used.
-  std::unique_ptr<float[]> data_;  // device pool
-  std::unique_ptr<float[]> host_;  // swap area: [n_host_blocks, n_layers, 2, block_size, kv_dim]
+  std::unique_ptr<uint8_t[]> data_;  // device pool
+  std::unique_ptr<uint8_t[]> host_;  // swap area: [n_host_blocks, n_layers, 2, block_bytes()]
 };
 
 }  // namespace serval

@@ -1,12 +1,41 @@
 #include "model/batch_forward.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/ref/ops.h"
 #include "kernels/ref/quants.h"
 
 namespace serval {
+
+namespace {
+
+// Query tokens per attention tile (kernels/attention.h): large enough that a
+// prefill chunk decodes each K/V chunk once for many queries, small enough to
+// leave (sequence, KV head, tile) tasks for every thread.
+constexpr int32_t kQueryTile = 16;
+
+// SERVAL_ATTN selects the attention path, for A/B benchmarks:
+//   tile (default): tiles of up to kQueryTile tokens; token: tiles of one
+//   token (one pass over K/V per token, the old cost); legacy: the old F32
+//   per-token kernel (kernels::attention; F32 KV only, else tile).
+// The results of tile and token are bit-identical (batch invariance).
+enum class AttnMode { tile, token, legacy };
+AttnMode attn_mode() {
+  static const AttnMode m = [] {
+    const char* e = std::getenv("SERVAL_ATTN");
+    if (e && std::strcmp(e, "token") == 0) return AttnMode::token;
+    if (e && std::strcmp(e, "legacy") == 0) return AttnMode::legacy;
+    return AttnMode::tile;
+  }();
+  return m;
+}
+
+}  // namespace
 
 BatchForward::BatchForward(const Model& model, KvStorage& kv, ThreadPool* pool)
     : model_(model), kv_(kv), pool_(pool) {}
@@ -36,6 +65,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hd = c.head_dim;
   if (g.kv_dim != kv_dim || g.n_layers != c.n_layers)
     return invalid_argument("KV storage geometry does not match the model");
+  if (std::string why = kv_type_check(g.type, hd); !why.empty()) return invalid_argument(why);
 
   // Validate the batch and map every token to (sequence, position).
   std::vector<int32_t> tok_seq((size_t)n);
@@ -88,7 +118,31 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   const float scale = 1.0f / std::sqrt((float)hd);
 
   // Block pointers per sequence, refreshed per layer.
-  std::vector<std::vector<const float*>> kb(batch.seqs.size()), vb(batch.seqs.size());
+  std::vector<std::vector<const uint8_t*>> kb(batch.seqs.size()), vb(batch.seqs.size());
+  const size_t row_bytes = g.row_bytes();
+  const bool legacy = attn_mode() == AttnMode::legacy && g.type == KvType::f32;
+  // Attention tiles: runs of up to max_m consecutive tokens of one sequence.
+  struct Tile {
+    size_t seq;
+    int64_t tok;
+    int32_t m;
+  };
+  std::vector<Tile> tiles;
+  const int32_t max_m = attn_mode() == AttnMode::token ? 1 : kQueryTile;
+  for (size_t s = 0, tok = 0; s < batch.seqs.size(); tok += (size_t)batch.seqs[s].n_tokens, ++s)
+    for (int32_t i = 0; i < batch.seqs[s].n_tokens; i += max_m)
+      tiles.push_back({s, (int64_t)tok + i, std::min(max_m, batch.seqs[s].n_tokens - i)});
+  // The pool splits work into contiguous chunks, and a tile's cost grows with
+  // its position: order tiles largest, smallest, 2nd largest, 2nd smallest, ...
+  // so every chunk gets a fair share. (Which thread runs a tile never changes
+  // its result.)
+  {
+    auto cost = [&](const Tile& t) { return (tok_pos[(size_t)t.tok] + t.m) * t.m; };
+    std::vector<Tile> by_cost = tiles;
+    std::stable_sort(by_cost.begin(), by_cost.end(), [&](const Tile& a, const Tile& b) { return cost(a) > cost(b); });
+    for (size_t i = 0, lo = 0, hi = by_cost.size(); lo < hi; ++i)
+      tiles[i] = (i % 2 == 0) ? by_cost[lo++] : by_cost[--hi];
+  }
 
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const LayerWeights& l = w.layers[(size_t)il];
@@ -111,8 +165,8 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       const BatchSeq& bs = batch.seqs[(size_t)tok_seq[(size_t)i]];
       const BlockId blk = bs.block_table[(size_t)(pos / g.block_size)];
       const int64_t slot = pos % g.block_size;
-      std::copy(k, k + kv_dim, kv_.k((int32_t)il, blk) + slot * kv_dim);
-      std::copy(v, v + kv_dim, kv_.v((int32_t)il, blk) + slot * kv_dim);
+      kernels::kv_store_row(g.type, k, kv_dim, kv_.k((int32_t)il, blk) + slot * row_bytes);
+      kernels::kv_store_row(g.type, v, kv_dim, kv_.v((int32_t)il, blk) + slot * row_bytes);
     }
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       const auto& table = batch.seqs[s].block_table;
@@ -123,18 +177,50 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
         vb[s][j] = kv_.v((int32_t)il, table[j]);
       }
     }
-    // Attention, one token per task (all of its heads).
-    par(n, [&](int64_t b, int64_t e) {
-      thread_local std::vector<float> scratch;
-      for (int64_t i = b; i < e; ++i) {
-        const int64_t n_ctx = tok_pos[(size_t)i] + 1;
-        if ((int64_t)scratch.size() < n_ctx) scratch.resize((size_t)n_ctx);
-        const size_t s = (size_t)tok_seq[(size_t)i];
-        kernels::attention(q_.data() + i * q_dim, kb[s].data(), vb[s].data(), g.block_size, kv_dim, n_ctx,
-                           (int32_t)c.n_heads, (int32_t)c.n_kv_heads, (int32_t)hd, scale, attn_.data() + i * q_dim,
-                           scratch.data());
-      }
-    });
+    if (legacy) {
+      // The old F32 kernel, one token per task (all of its heads).
+      par(n, [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> scratch;
+        thread_local std::vector<const float*> kf, vf;
+        for (int64_t i = b; i < e; ++i) {
+          const int64_t n_ctx = tok_pos[(size_t)i] + 1;
+          if ((int64_t)scratch.size() < n_ctx) scratch.resize((size_t)n_ctx);
+          const size_t s = (size_t)tok_seq[(size_t)i];
+          kf.resize(kb[s].size());
+          vf.resize(vb[s].size());
+          for (size_t j = 0; j < kf.size(); ++j) {
+            kf[j] = reinterpret_cast<const float*>(kb[s][j]);
+            vf[j] = reinterpret_cast<const float*>(vb[s][j]);
+          }
+          kernels::attention(q_.data() + i * q_dim, kf.data(), vf.data(), g.block_size, kv_dim, n_ctx,
+                             (int32_t)c.n_heads, (int32_t)c.n_kv_heads, (int32_t)hd, scale, attn_.data() + i * q_dim,
+                             scratch.data());
+        }
+      });
+    } else {
+      // One task per (tile, KV head): each reads its K/V positions once for
+      // all of the tile's tokens and query heads.
+      par((int64_t)tiles.size() * c.n_kv_heads, [&](int64_t b, int64_t e) {
+        for (int64_t w = b; w < e; ++w) {
+          const Tile& tl = tiles[(size_t)(w / c.n_kv_heads)];
+          kernels::AttentionTile t;
+          t.q = q_.data() + tl.tok * q_dim;
+          t.q_stride = q_dim;
+          t.k = {kb[tl.seq].data(), g.block_size, row_bytes, g.type};
+          t.v = {vb[tl.seq].data(), g.block_size, row_bytes, g.type};
+          t.p0 = tok_pos[(size_t)tl.tok];
+          t.m = tl.m;
+          t.n_heads = (int32_t)c.n_heads;
+          t.n_kv_heads = (int32_t)c.n_kv_heads;
+          t.head_dim = (int32_t)hd;
+          t.kv_head = (int32_t)(w % c.n_kv_heads);
+          t.scale = scale;
+          t.out = attn_.data() + tl.tok * q_dim;
+          t.out_stride = q_dim;
+          kernels::attention_tile(t);
+        }
+      });
+    }
     mm(l.wo, attn_.data(), n, proj_.data());
     for (int64_t i = 0; i < n * dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "kv_cache/kv_storage.h"
 #include "model/model.h"
 #include "serval/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -59,7 +60,7 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   cfg.max_seqs = 32;
   // A pool too small for 32 sequences of up to ~115 tokens: forces preemption.
   const auto& mc = stories().model->config();
-  const size_t block_bytes = (size_t)mc.n_layers * 2 * 16 * (size_t)mc.kv_dim() * sizeof(float);
+  const size_t block_bytes = KvGeometry{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), 16, cfg.kv_type}.bytes_per_block();
   cfg.kv_memory_bytes = 60 * block_bytes;
   auto e = make_engine(cfg);
   std::vector<std::shared_ptr<RequestStream>> streams;
@@ -89,20 +90,42 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
               (long long)st.prefix_query_tokens, st.kv_blocks_peak, st.kv_blocks_total);
 }
 
-// Greedy through the engine reproduces llama.cpp's golden continuation.
+// Greedy through the engine reproduces llama.cpp's golden continuation, with
+// F32 KV and with F16 KV (llama.cpp's own default).
 TEST(Engine, GreedyMatchesGolden) {
   std::ifstream in(kShared + "/golden/stories260K-greedy.json");
   const auto golden = nlohmann::json::parse(in);
-  EngineConfig cfg;
-  cfg.n_threads = 1;
-  auto e = make_engine(cfg);
-  for (const auto& c : golden["cases"]) {
-    auto s = e->submit(greedy_request(c["prompt_tokens"].get<std::vector<TokenId>>(), 200, 0));
-    ASSERT_TRUE(s.ok());
-    Sample got = collect(**s, 1)[0];
-    EXPECT_EQ(got.tokens, c["greedy_tokens"].get<std::vector<TokenId>>()) << c["prompt"];
-    EXPECT_EQ(got.text, c["greedy_text"].get<std::string>()) << c["prompt"];
+  for (KvType kv_type : {KvType::f32, KvType::f16}) {
+    EngineConfig cfg;
+    cfg.n_threads = 1;
+    cfg.kv_type = kv_type;
+    auto e = make_engine(cfg);
+    for (const auto& c : golden["cases"]) {
+      auto s = e->submit(greedy_request(c["prompt_tokens"].get<std::vector<TokenId>>(), 200, 0));
+      ASSERT_TRUE(s.ok());
+      Sample got = collect(**s, 1)[0];
+      EXPECT_EQ(got.tokens, c["greedy_tokens"].get<std::vector<TokenId>>()) << c["prompt"] << kv_type_name(kv_type);
+      EXPECT_EQ(got.text, c["greedy_text"].get<std::string>()) << c["prompt"] << kv_type_name(kv_type);
+    }
   }
+}
+
+// The KV type sets the pool's bytes per token; block types need head_dim % 32.
+TEST(Engine, KvTypeSizesThePoolAndRefusesUnfitBlockTypes) {
+  const auto& mc = stories().model->config();
+  EngineConfig cfg;
+  cfg.kv_memory_bytes = 4u << 20;
+  cfg.kv_type = KvType::f32;
+  auto e32 = make_engine(cfg);
+  cfg.kv_type = KvType::fp8;
+  auto e8 = make_engine(cfg);
+  EXPECT_EQ(e32->info().kv_bytes_per_token, (size_t)mc.n_layers * 2 * mc.kv_dim() * 4);
+  EXPECT_EQ(e8->info().kv_bytes_per_token, (size_t)mc.n_layers * 2 * mc.kv_dim());
+  EXPECT_GE(e8->stats().kv_blocks_total, 4 * e32->stats().kv_blocks_total - 3);
+  cfg.kv_type = KvType::q8_0;  // stories260K: head_dim 8
+  auto bad = Engine::create(stories().model, *stories().tok, cfg);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("multiple of 32"), std::string::npos) << bad.status().message();
 }
 
 TEST(Engine, ParallelSamplesShareThePrompt) {

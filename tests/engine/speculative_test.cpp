@@ -209,10 +209,12 @@ TEST(SpecEngine, MixedBatchWithPreemptionMatchesAlone) {
       cfg.max_batch_tokens = 40;
       cfg.max_seqs = 16;
       cfg.spec = spec;
-      const size_t per_block = (size_t)mc.n_layers * 2 * 8 * (size_t)mc.kv_dim() * sizeof(float) +
-                               (spec.draft_model ? (size_t)spec.draft_model->config().n_layers * 2 * 8 *
-                                                       (size_t)spec.draft_model->config().kv_dim() * sizeof(float)
-                                                 : 0);
+      const size_t per_block =
+          KvGeometry{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), 8, cfg.kv_type}.bytes_per_block() +
+          (spec.draft_model ? KvGeometry{(int32_t)spec.draft_model->config().n_layers,
+                                         (int32_t)spec.draft_model->config().kv_dim(), 8, cfg.kv_type}
+                                  .bytes_per_block()
+                            : 0);
       cfg.kv_memory_bytes = 40 * per_block;
       cfg.swap_memory_bytes = swap ? 200 * per_block : 0;
       auto e = engine_for(stories(), cfg);
@@ -300,7 +302,8 @@ TEST(SpecEngine, SampledDistributionMatchesTarget) {
   std::map<std::pair<TokenId, TokenId>, double> expect;
   {
     const auto& mc = target.model->config();
-    auto kv = KvStorage::create({(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), 16}, 4);
+    // The engine's default KV type, so these are the logits the engine sees.
+    auto kv = KvStorage::create({(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), 16, EngineConfig{}.kv_type}, 4);
     ASSERT_TRUE(kv.ok());
     BatchForward fwd(*target.model, *kv, nullptr);
     const std::vector<BlockId> table = {0, 1};

@@ -63,6 +63,9 @@ TEST(Cli, BadUsageIsOneLineAndStatus2) {
   expect_usage_error("run -m /nonexistent/model.gguf -p hi", "no such file");
   expect_usage_error("run -m " + kShared + "/DESIGN.md -p hi", "bad magic");
   expect_usage_error("run -m " + kStories + " -p hi --top-p 1.5", "top_p");
+  expect_usage_error("run -m " + kStories + " -p hi --kv-type q9", "--kv-type");
+  expect_usage_error("run -m " + kStories + " -p hi --kv-type q8_0", "multiple of 32");  // head_dim 8
+  expect_usage_error("bench model -m " + kStories + " -p 16 -n 0 --kv-type q4_0", "multiple of 32");
   expect_usage_error("gguf info /nonexistent.gguf", "no such file");
   expect_usage_error("gguf synth --shape gpt-9 --vocab " + kStories + " -o /tmp/x.gguf", "unknown shape 'gpt-9'");
   expect_usage_error("gguf synth --shape tiny --type q9_9 --vocab " + kStories + " -o /tmp/x.gguf", "unknown type");

@@ -20,6 +20,7 @@ namespace {
 
 #include "kernels/x86/simd_avx2.h"
 using B = Avx2;
+#include "kernels/x86/vexp.inc"
 #include "kernels/x86/matmul_tmpl.inc"
 
 MatmulKernel matmul_kernel(DType t) { return matmul_kernel_tmpl<B>(t); }

@@ -1,0 +1,34 @@
+// The --kv-type flag of serve/run/bench/bench model, and the start-up log line
+// that reports what one token of KV cache costs.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <vector>
+#include <string>
+
+#include "serval/engine.h"
+#include "tensor/kv_type.h"
+
+namespace serval::cli {
+
+inline void add_kv_type_option(CLI::App& app, KvType* t) {
+  std::vector<std::string> names;
+  for (KvType k : kAllKvTypes) names.push_back(kv_type_name(k));
+  names.push_back("fp8_e4m3");
+  app.add_option_function<std::string>(
+         "--kv-type", [t](const std::string& s) { *t = *parse_kv_type(s); },
+         "KV cache element type: f32, f16, bf16, q8_0, q4_0 or fp8 (E4M3); q8_0 and q4_0 need the model's "
+         "head_dim to be a multiple of 32")
+      ->check(CLI::IsMember(names))
+      ->default_str(kv_type_name(*t));
+}
+
+inline void log_kv_cache(const std::string& cmd, const Engine& e) {
+  const EngineStats s = e.stats();
+  std::fprintf(stderr, "%s: KV cache %s, %zu bytes/token, %d blocks of %d tokens\n", cmd.c_str(),
+               kv_type_name(e.config().kv_type), e.info().kv_bytes_per_token, s.kv_blocks_total,
+               e.config().block_size);
+}
+
+}  // namespace serval::cli
