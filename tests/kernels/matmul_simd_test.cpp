@@ -611,9 +611,11 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
   }
 }
 
-// ---- packed Q4_0 / Q8_0 (kernels::PackedMatrix) ------------------------------------
+// ---- packed Q4_0 / Q8_0 / Q4_K / Q6_K / F16 / BF16 (kernels::PackedMatrix) ---------
 
-const DType kPackedTypes[] = {DType::q4_0, DType::q8_0};
+const DType kPackedTypes[] = {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k, DType::f16, DType::bf16};
+bool is_k(DType t) { return t == DType::q4_k || t == DType::q6_k; }
+bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 // The integer weight values of 32-block b of row r (Q4_0: nibble - 8; Q8_0: qs).
 void block_ints(const Weights& w, int64_t r, int64_t b, int32_t out[32]) {
@@ -635,10 +637,93 @@ uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
   return d;
 }
 
+// Super-block sb of row r as integers, from the stored block by the format's
+// definition (quant_blocks.h): q[256] (Q4_K: 0..15; Q6_K: value - 32, -32..31),
+// the scale of each element's sub-block (sc), Q4_K's per-32 mins (mn[8]), d, dmin.
+struct KInts {
+  int32_t q[256], sc[256], mn[8];
+  float d, dmin;
+};
+KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
+  KInts k{};
+  const uint8_t* row = w.data.data() + (size_t)r * w.stride;
+  if (w.t == DType::q4_k) {
+    const auto& b = reinterpret_cast<const block_q4_K*>(row)[sb];
+    const uint8_t* s = b.scales;
+    for (int j = 0; j < 8; ++j) {
+      const int scj = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+      k.mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      for (int e = 32 * j; e < 32 * j + 32; ++e) k.sc[e] = scj;
+    }
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l) {
+        k.q[64 * p + l] = b.qs[32 * p + l] & 15;
+        k.q[64 * p + 32 + l] = b.qs[32 * p + l] >> 4;
+      }
+    k.d = fp16_to_fp32(b.d);
+    k.dmin = fp16_to_fp32(b.dmin);
+  } else {
+    const auto& b = reinterpret_cast<const block_q6_K*>(row)[sb];
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 32; ++l)
+        for (int t = 0; t < 4; ++t) {
+          const int low = b.ql[64 * h + l + 32 * (t % 2)];
+          const int e = 128 * h + 32 * t + l;
+          k.q[e] = ((t < 2 ? low & 15 : low >> 4) | (((b.qh[32 * h + l] >> (2 * t)) & 3) << 4)) - 32;
+        }
+    for (int e = 0; e < 256; ++e) k.sc[e] = b.scales[e / 16];
+    k.d = fp16_to_fp32(b.d);
+  }
+  return k;
+}
+
+// The documented numerics of matmul(PackedMatrix) for the K-quants (matmul.h,
+// x86/packed_kq.inc), written plainly: scalar Q8_K activations; per super-block
+// T = sum sc * q * a, M = sum mn_j * (sum of a over sub-block j) (Q4_K), then
+// acc = fma(T, d * dx, acc) and acc = acc - M * (dmin * dx) (one rounding).
+std::vector<float> packed_model_k(const Weights& w, const std::vector<float>& x, int64_t n) {
+  const int64_t nsb = w.cols / 256;
+  std::vector<float> y((size_t)(n * w.rows));
+  std::vector<uint8_t> act(kernels::detail::act_q8_k_row_bytes(w.cols));
+  for (int64_t i = 0; i < n; ++i) {
+    kernels::detail::quantize_act_q8_k(x.data() + i * w.cols, w.cols, act.data());
+    for (int64_t r = 0; r < w.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const uint8_t* unit = act.data() + sb * kernels::detail::kActQ8_KBlockBytes;
+        const auto* qa = reinterpret_cast<const int8_t*>(unit);
+        float dx;
+        std::memcpy(&dx, unit + 304, 4);
+        const KInts k = k_ints(w, r, sb);
+        int64_t t = 0, m = 0;
+        for (int e = 0; e < 256; ++e) {
+          t += (int64_t)k.sc[e] * k.q[e] * qa[e];
+          if (w.t == DType::q4_k) m += (int64_t)k.mn[e / 32] * qa[e];
+        }
+        acc = std::fmaf((float)t, k.d * dx, acc);
+        if (w.t == DType::q4_k) acc = std::fmaf(-(float)m, k.dmin * dx, acc);
+      }
+      y[(size_t)(i * w.rows + r)] = acc;
+    }
+  }
+  return y;
+}
+
 // The documented numerics of matmul(PackedMatrix) at the SIMD levels, written
 // plainly: scalar Q8_0P activations, exact integer block dots, one fmaf per
 // block in block order.
 std::vector<float> packed_model(const Weights& w, const std::vector<float>& x, int64_t n) {
+  if (is_k(w.t)) return packed_model_k(w, x, n);
+  if (is_float16(w.t)) {  // one fmaf per column, in column order
+    std::vector<float> y((size_t)(n * w.rows));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < w.rows; ++r) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < w.cols; ++k) acc = std::fmaf(w.deq[(size_t)(r * w.cols + k)], x[(size_t)(i * w.cols + k)], acc);
+        y[(size_t)(i * w.rows + r)] = acc;
+      }
+    return y;
+  }
   const int64_t nb = w.cols / 32;
   std::vector<float> y((size_t)(n * w.rows));
   std::vector<uint8_t> act(kernels::detail::act_q8_0p_row_bytes(w.cols));
@@ -671,11 +756,15 @@ std::vector<float> run_packed(const kernels::PackedMatrix& p, const std::vector<
 
 TEST(PackedMatrix, RowsRoundTrip) {
   for (DType t : kPackedTypes) {
-    const Weights w = random_weights(t, 37, 96, 5);
+    const int64_t bs = is_k(t) ? 256 : 32;
+    const Weights w = random_weights(t, 37, 3 * bs, 5);
     ASSERT_TRUE(kernels::PackedMatrix::packable(t));
     const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
-    // 3 groups of 16 rows (the last one padded), 3 blocks.
-    EXPECT_EQ(p.bytes(), (size_t)3 * 16 * 3 * row_size(t, 32)) << dtype_name(t);
+    // 3 groups of 16 rows (the last one padded), 3 blocks; Q4_K's scales take 4
+    // bytes more per row and super-block (unpacked to bytes), Q6_K pads 32 bytes
+    // per 16-row super-block.
+    const size_t extra = t == DType::q4_k ? 4 * 16 : t == DType::q6_k ? 32 : 0;
+    EXPECT_EQ(p.bytes(), (size_t)3 * 3 * (16 * row_size(t, bs) + extra)) << dtype_name(t);
     std::vector<float> row((size_t)w.cols);
     for (int64_t r = 0; r < w.rows; ++r) {
       p.dequantize_row(r, row.data());
@@ -683,8 +772,8 @@ TEST(PackedMatrix, RowsRoundTrip) {
           << dtype_name(t) << " row " << r;
     }
   }
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q4_k));
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::f16));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q5_k));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q4_1));
 }
 
 TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
@@ -692,6 +781,7 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
   for (DType ty : kPackedTypes)
   for (int64_t rows : {45, 64, 300}) {
     for (int64_t cols : {96, 512}) {
+      if (is_k(ty)) cols = cols == 96 ? 256 : 768;
       SCOPED_TRACE(dtype_name(ty));
       const Weights w = random_weights(ty, rows, cols, (uint64_t)(rows * cols));
       const auto p = kernels::PackedMatrix::pack(ty, w.data.data(), rows, cols);
@@ -731,7 +821,7 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
 
 TEST_F(KernelLevels, PackedWithinFormatBound) {
   for (DType t : kPackedTypes) {
-    const Weights w = make_weights(t, 40, 800, 31);
+    const Weights w = make_weights(t, 40, is_k(t) ? 768 : 800, 31);
     const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
     const auto x = activations(6, w.cols, 12);
     for (Isa isa : levels()) {
