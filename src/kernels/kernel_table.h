@@ -1,7 +1,7 @@
 // Internal to kernels/: the per-ISA kernel tables behind the one dispatch point
 // (matmul.cpp). Not a public API.
 //
-// Every SIMD table (avx2, avx512, avx512vnni) computes bit-identical results:
+// Every SIMD table (avx2, avx2vnni, avx512, avx512vnni) computes bit-identical results:
 // the kernels are written once (x86/matmul_tmpl.inc) against a 16-lane vector
 // abstraction that AVX-512 implements with one zmm and AVX2 with two ymm, and
 // every floating-point step is the same IEEE operation on the same lane in every
@@ -100,6 +100,7 @@ struct KernelTable {
 // The tables of each level; nullptr where the build has none (non-x86).
 // Callers must check isa_supported() before using one.
 const KernelTable* kernel_table_avx2();
+const KernelTable* kernel_table_avx2vnni();
 const KernelTable* kernel_table_avx512();
 const KernelTable* kernel_table_avx512vnni();
 

@@ -25,6 +25,7 @@ const detail::KernelTable* table_of(Isa isa) {
   switch (isa) {
     case Isa::ref: return nullptr;
     case Isa::avx2: return detail::kernel_table_avx2();
+    case Isa::avx2vnni: return detail::kernel_table_avx2vnni();
     case Isa::avx512: return detail::kernel_table_avx512();
     case Isa::avx512vnni: return detail::kernel_table_avx512vnni();
   }

@@ -1,6 +1,6 @@
 // Batched matrix products and attention of the forward pass: the one dispatch
 // point the model calls. The kernel level (Isa: ref | avx2 | avx512 |
-// avx512vnni) is chosen once, at first use, from CPUID and SERVAL_ISA
+// avx512vnni, avx2vnni) is chosen once, at first use, from CPUID and SERVAL_ISA
 // (common/cpu_features.h); ref/ holds the scalar references the SIMD kernels
 // are tested against (tests/kernels/matmul_simd_test.cpp).
 //
@@ -105,7 +105,7 @@ void attention(const float* q, const float* const* k_blocks, const float* const*
                float* out, float* scratch);
 
 // The kernel level in use (selected_isa() unless set_isa changed it), and its
-// name ("ref", "avx2", "avx512", "avx512vnni") for the CLI to print.
+// name ("ref", "avx2", "avx2vnni", "avx512", "avx512vnni") for the CLI to print.
 Isa active_isa();
 inline const char* active_isa_name() { return isa_name(active_isa()); }
 

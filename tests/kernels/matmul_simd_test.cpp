@@ -153,7 +153,7 @@ class KernelLevels : public ::testing::Test {
   static std::vector<Isa> levels() {
     std::vector<Isa> out;
     const Isa keep = kernels::active_isa();
-    for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni})
+    for (Isa i : {Isa::ref, Isa::avx2, Isa::avx2vnni, Isa::avx512, Isa::avx512vnni})
       if (kernels::set_isa(i) == i) out.push_back(i);
     kernels::set_isa(keep);
     return out;
@@ -369,6 +369,33 @@ TEST_F(KernelLevels, SimdLevelsBitIdentical) {
   }
 }
 
+// The AVX-VNNI table (VEX vpdpbusd) against plain AVX2, stored and packed
+// weights, random bytes in every quant field (e.g. Q8_0's -128).
+TEST_F(KernelLevels, AvxVnniMatchesAvx2BitForBit) {
+  if (!isa_supported(Isa::avx2vnni, cpu_features())) GTEST_SKIP() << "this CPU lacks AVX-VNNI (avxvnni)";
+  for (DType t : kFastTypes) {
+    const int64_t cols = cols_for(t, true);
+    const Weights w = random_weights(t, 35, cols, 41);
+    const auto x = activations(9, cols, 43);
+    ASSERT_EQ(kernels::set_isa(Isa::avx2), Isa::avx2);
+    const auto want = run(w, x, 9);
+    std::vector<float> want_packed;
+    std::unique_ptr<kernels::PackedMatrix> p;
+    if (kernels::PackedMatrix::packable(t)) {
+      p = std::make_unique<kernels::PackedMatrix>(kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols));
+      want_packed.resize((size_t)(9 * w.rows));
+      kernels::matmul(*p, x.data(), 9, want_packed.data(), nullptr);
+    }
+    ASSERT_EQ(kernels::set_isa(Isa::avx2vnni), Isa::avx2vnni);
+    EXPECT_EQ(run(w, x, 9), want) << dtype_name(t);
+    if (p) {
+      std::vector<float> y(want_packed.size());
+      kernels::matmul(*p, x.data(), 9, y.data(), nullptr);
+      EXPECT_EQ(y, want_packed) << dtype_name(t) << " packed";
+    }
+  }
+}
+
 TEST_F(KernelLevels, RandomBlocksMatchReferenceAndAcrossLevels) {
   for (DType t : kFastTypes) {
     for (bool odd : {false, true}) {
@@ -567,6 +594,7 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
     const kernels::detail::KernelTable* table;
   };
   const Level lv[] = {{Isa::avx2, kernels::detail::kernel_table_avx2()},
+                      {Isa::avx2vnni, kernels::detail::kernel_table_avx2vnni()},
                       {Isa::avx512, kernels::detail::kernel_table_avx512()},
                       {Isa::avx512vnni, kernels::detail::kernel_table_avx512vnni()}};
   for (int64_t cols : {256, 512, 1280}) {
@@ -843,11 +871,16 @@ TEST(CpuFeatures, ChooseIsa) {
   avx512.avx512f = avx512.avx512bw = avx512.avx512vl = true;
   CpuFeatures vnni = avx512;
   vnni.avx512vnni = true;
+  CpuFeatures avxvnni = avx2;  // Alder Lake: AVX-VNNI without AVX-512
+  avxvnni.avxvnni = true;
+  CpuFeatures icelake = vnni;  // AVX-512-VNNI without AVX-VNNI
 
   EXPECT_EQ(best_isa(none), Isa::ref);
   EXPECT_EQ(best_isa(avx2), Isa::avx2);
   EXPECT_EQ(best_isa(avx512), Isa::avx512);
   EXPECT_EQ(best_isa(vnni), Isa::avx512vnni);
+  EXPECT_EQ(best_isa(avxvnni), Isa::avx2vnni);
+  EXPECT_FALSE(isa_supported(Isa::avx2vnni, icelake));
   CpuFeatures no_fma = avx2;
   no_fma.fma = false;
   EXPECT_EQ(best_isa(no_fma), Isa::ref);
@@ -859,11 +892,14 @@ TEST(CpuFeatures, ChooseIsa) {
   EXPECT_EQ(choose_isa(vnni, "avx2", &err), Isa::avx2);
   EXPECT_EQ(choose_isa(avx2, "avx512vnni", &err), Isa::avx2);  // capped
   EXPECT_EQ(choose_isa(none, "avx512", &err), Isa::ref);
+  EXPECT_EQ(choose_isa(avxvnni, "avx512vnni", &err), Isa::avx2vnni);  // capped
+  EXPECT_EQ(choose_isa(icelake, "avx2vnni", &err), Isa::avx2);         // the highest supported below
   EXPECT_TRUE(err.empty());
   EXPECT_EQ(choose_isa(avx512, "sse9", &err), Isa::avx512);
   EXPECT_NE(err.find("unknown"), std::string_view::npos);
 
-  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni}) EXPECT_EQ(isa_from_name(isa_name(i)), i);
+  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx2vnni, Isa::avx512, Isa::avx512vnni})
+    EXPECT_EQ(isa_from_name(isa_name(i)), i);
   EXPECT_FALSE(isa_from_name("AVX2").has_value());
 }
 

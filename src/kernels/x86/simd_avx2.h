@@ -7,8 +7,11 @@
 
 #define SERVAL_SIMD_INLINE inline __attribute__((always_inline))
 
+// kVnniT: AVX-VNNI (VEX vpdpbusd / vpdpwssd on ymm; the region must enable
+// avxvnni) instead of vpmaddubsw + vpmaddwd; the same results.
+template <bool kVnniT>
 struct Avx2 {
-  static constexpr bool kVnni = false;
+  static constexpr bool kVnni = kVnniT;
   struct F {
     __m256 lo, hi;
   };
@@ -163,7 +166,8 @@ struct Avx2 {
   }
 
   static SERVAL_SIMD_INLINE __m256i dot_half(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+    if constexpr (kVnni) return _mm256_dpbusd_avx_epi32(acc, u, s);
+    else return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
   }
   static SERVAL_SIMD_INLINE I dot_u8s8(I acc, I u, I s) { return {dot_half(acc.lo, u.lo, s.lo), dot_half(acc.hi, u.hi, s.hi)}; }
   static SERVAL_SIMD_INLINE I dot_s8s8(I acc, I w, I s) {
@@ -171,6 +175,9 @@ struct Avx2 {
             dot_half(acc.hi, _mm256_abs_epi8(w.hi), _mm256_sign_epi8(s.hi, w.hi))};
   }
   static SERVAL_SIMD_INLINE I dot_u8s8_w16(I acc, I u, I s, I w16) {
+    if constexpr (kVnni)
+      return {_mm256_dpwssd_avx_epi32(acc.lo, _mm256_maddubs_epi16(u.lo, s.lo), w16.lo),
+              _mm256_dpwssd_avx_epi32(acc.hi, _mm256_maddubs_epi16(u.hi, s.hi), w16.hi)};
     return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(u.lo, s.lo), w16.lo)),
             _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(u.hi, s.hi), w16.hi))};
   }
