@@ -76,7 +76,6 @@ __attribute__((target("avx512f"))) void fma_zmm(int64_t iters) {
   for (int64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
     for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_fmadd_ps(acc[k], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]));
   }
   float s = 0;
   for (int k = 0; k < kAcc; ++k) s += _mm512_reduce_add_ps(acc[k]);
@@ -90,7 +89,6 @@ __attribute__((target("avx2,fma"))) void fma_ymm(int64_t iters) {
   for (int64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
     for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_fmadd_ps(acc[k], a, b);
-    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]), "+x"(acc[4]), "+x"(acc[5]));
   }
   float v[8], s = 0;
   for (int k = 0; k < kAcc; ++k) {
@@ -107,7 +105,6 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_zmm(int64_t ite
   for (int64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
     for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_dpbusd_epi32(acc[k], u, s);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]));
   }
   int64_t t = 0;
   for (int k = 0; k < kAcc; ++k) t += _mm512_reduce_add_epi32(acc[k]);
@@ -121,7 +118,6 @@ __attribute__((target("avx2,avxvnni"))) void vnni_ymm(int64_t iters) {
   for (int64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
     for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_dpbusd_avx_epi32(acc[k], u, s);
-    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]), "+x"(acc[4]), "+x"(acc[5]));
   }
   int64_t t = 0;
   for (int k = 0; k < kAcc; ++k) t += _mm256_extract_epi32(acc[k], 0) + _mm256_extract_epi32(acc[k], 7);
@@ -137,7 +133,6 @@ __attribute__((target("avx2"))) void maddubs_ymm(int64_t iters) {
 #pragma GCC unroll 12
     for (int k = 0; k < kAcc; ++k)
       acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), one));
-    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]), "+x"(acc[4]), "+x"(acc[5]));
   }
   int64_t t = 0;
   for (int k = 0; k < kAcc; ++k) t += _mm256_extract_epi32(acc[k], 0);
