@@ -69,74 +69,64 @@ __attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t byte
 constexpr int kAcc = 12;
 constexpr int64_t kIters = 20'000'000;
 
+// The body of every peak function: kAcc independent chains acc = STEP(acc),
+// then the lanes folded into g_sink (so the work is observable); BARRIER runs
+// before each step (to keep loop-invariant parts of STEP in the loop, once
+// per chain). A macro, not a template: each function needs its own target attribute.
+#define SERVAL_PEAK_BODY(V, INIT, STEP, FOLD, BARRIER)       \
+  V acc[kAcc];                                              \
+  for (int k = 0; k < kAcc; ++k) acc[k] = INIT(k);          \
+  for (int64_t i = 0; i < iters; ++i) {                     \
+    _Pragma("GCC unroll 12") for (int k = 0; k < kAcc; ++k) { \
+      BARRIER;                                              \
+      acc[k] = STEP(acc[k]);                                \
+    }                                                       \
+  }                                                         \
+  double sum = 0;                                           \
+  for (int k = 0; k < kAcc; ++k) sum += (double)FOLD(acc[k]); \
+  g_sink += (uint64_t)(int64_t)sum;
+
 __attribute__((target("avx512f"))) void fma_zmm(int64_t iters) {
-  __m512 acc[kAcc];
-  for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_set1_ps((float)k);
   const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_fmadd_ps(acc[k], a, b);
-  }
-  float s = 0;
-  for (int k = 0; k < kAcc; ++k) s += _mm512_reduce_add_ps(acc[k]);
-  g_sink += (uint64_t)s;
+#define SERVAL_STEP(v) _mm512_fmadd_ps(v, a, b)
+  SERVAL_PEAK_BODY(__m512, _mm512_set1_ps, SERVAL_STEP, _mm512_reduce_add_ps, (void)0)
+#undef SERVAL_STEP
 }
 
+__attribute__((target("avx2,fma"))) float hsum_ymm(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  return _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(h, h), _mm_hadd_ps(h, h)));
+}
+__attribute__((target("avx2"))) int32_t lane0_ymm(__m256i v) { return _mm256_extract_epi32(v, 0); }
+
 __attribute__((target("avx2,fma"))) void fma_ymm(int64_t iters) {
-  __m256 acc[kAcc];
-  for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_set1_ps((float)k);
   const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_fmadd_ps(acc[k], a, b);
-  }
-  float v[8], s = 0;
-  for (int k = 0; k < kAcc; ++k) {
-    _mm256_storeu_ps(v, acc[k]);
-    for (float f : v) s += f;
-  }
-  g_sink += (uint64_t)s;
+#define SERVAL_STEP(v) _mm256_fmadd_ps(v, a, b)
+  SERVAL_PEAK_BODY(__m256, _mm256_set1_ps, SERVAL_STEP, hsum_ymm, (void)0)
+#undef SERVAL_STEP
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_zmm(int64_t iters) {
-  __m512i acc[kAcc];
-  for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_set1_epi32(k);
   const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_dpbusd_epi32(acc[k], u, s);
-  }
-  int64_t t = 0;
-  for (int k = 0; k < kAcc; ++k) t += _mm512_reduce_add_epi32(acc[k]);
-  g_sink += (uint64_t)t;
+#define SERVAL_STEP(v) _mm512_dpbusd_epi32(v, u, s)
+  SERVAL_PEAK_BODY(__m512i, _mm512_set1_epi32, SERVAL_STEP, _mm512_reduce_add_epi32, (void)0)
+#undef SERVAL_STEP
 }
 
 __attribute__((target("avx2,avxvnni"))) void vnni_ymm(int64_t iters) {
-  __m256i acc[kAcc];
-  for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_set1_epi32(k);
   const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_dpbusd_avx_epi32(acc[k], u, s);
-  }
-  int64_t t = 0;
-  for (int k = 0; k < kAcc; ++k) t += _mm256_extract_epi32(acc[k], 0) + _mm256_extract_epi32(acc[k], 7);
-  g_sink += (uint64_t)t;
+#define SERVAL_STEP(v) _mm256_dpbusd_avx_epi32(v, u, s)
+  SERVAL_PEAK_BODY(__m256i, _mm256_set1_epi32, SERVAL_STEP, lane0_ymm, (void)0)
+#undef SERVAL_STEP
 }
 
 // vpmaddubsw + vpmaddwd + vpaddd: the AVX2 (no VNNI) form of 32 int8 multiply-adds per ymm.
 __attribute__((target("avx2"))) void maddubs_ymm(int64_t iters) {
-  __m256i acc[kAcc];
-  for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_set1_epi32(k);
-  const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2), one = _mm256_set1_epi16(1);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int k = 0; k < kAcc; ++k)
-      acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), one));
-  }
-  int64_t t = 0;
-  for (int k = 0; k < kAcc; ++k) t += _mm256_extract_epi32(acc[k], 0);
-  g_sink += (uint64_t)t;
+  __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2);
+  const __m256i one = _mm256_set1_epi16(1);
+#define SERVAL_STEP(v) _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), one))
+  SERVAL_PEAK_BODY(__m256i, _mm256_set1_epi32, SERVAL_STEP, lane0_ymm, __asm__ volatile("" : "+x"(u), "+x"(s)))
+#undef SERVAL_STEP
 }
 
 struct Stat {

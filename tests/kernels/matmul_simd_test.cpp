@@ -709,6 +709,13 @@ KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
 // x86/packed_kq.inc), written plainly: scalar Q8_K activations; per super-block
 // T = sum sc * q * a, M = sum mn_j * (sum of a over sub-block j) (Q4_K), then
 // acc = fma(T, d * dx, acc) and acc = acc - M * (dmin * dx) (one rounding).
+// Block b of a prepared activation row: its int8 quants, and its scale (at d_off) in *dx.
+const int8_t* act_unit(const std::vector<uint8_t>& act, int64_t b, size_t unit_bytes, size_t d_off, float* dx) {
+  const uint8_t* unit = act.data() + (size_t)b * unit_bytes;
+  std::memcpy(dx, unit + d_off, 4);
+  return reinterpret_cast<const int8_t*>(unit);
+}
+
 std::vector<float> packed_model_k(const Weights& w, const std::vector<float>& x, int64_t n) {
   const int64_t nsb = w.cols / 256;
   std::vector<float> y((size_t)(n * w.rows));
@@ -718,10 +725,8 @@ std::vector<float> packed_model_k(const Weights& w, const std::vector<float>& x,
     for (int64_t r = 0; r < w.rows; ++r) {
       float acc = 0.0f;
       for (int64_t sb = 0; sb < nsb; ++sb) {
-        const uint8_t* unit = act.data() + sb * kernels::detail::kActQ8_KBlockBytes;
-        const auto* qa = reinterpret_cast<const int8_t*>(unit);
         float dx;
-        std::memcpy(&dx, unit + 304, 4);
+        const int8_t* qa = act_unit(act, sb, kernels::detail::kActQ8_KBlockBytes, 304, &dx);
         const KInts k = k_ints(w, r, sb);
         int64_t t = 0, m = 0;
         for (int e = 0; e < 256; ++e) {
@@ -760,10 +765,8 @@ std::vector<float> packed_model(const Weights& w, const std::vector<float>& x, i
     for (int64_t r = 0; r < w.rows; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* unit = act.data() + b * kernels::detail::kActQ8_0PBlockBytes;
-        const auto* qa = reinterpret_cast<const int8_t*>(unit);
         float dx;
-        std::memcpy(&dx, unit + 36, 4);
+        const int8_t* qa = act_unit(act, b, kernels::detail::kActQ8_0PBlockBytes, 36, &dx);
         int32_t q[32], t = 0;
         block_ints(w, r, b, q);
         for (int j = 0; j < 32; ++j) t += q[j] * qa[j];
