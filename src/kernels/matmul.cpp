@@ -253,11 +253,14 @@ PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t co
   SERVAL_ASSERT(p.buf_ != nullptr);
   std::memset(p.buf_.get(), 0, alloc);
   const auto* src = static_cast<const uint8_t*>(w);
-  if (is_float16(t)) {  // [group][column][16 rows] of 2 bytes
-    for (int64_t r = 0; r < rows; ++r)
+  if (is_float16(t)) {  // [group][column][16 rows] of 2 bytes; written in order
+    for (int64_t g = 0; g < groups; ++g) {
+      auto* dst = reinterpret_cast<uint16_t*>(p.buf_.get() + (size_t)g * gb);
+      const int64_t nl = std::min<int64_t>(16, rows - 16 * g);
+      const uint8_t* first = src + (size_t)(16 * g) * (size_t)cols * 2;
       for (int64_t k = 0; k < cols; ++k)
-        std::memcpy(p.buf_.get() + (size_t)(r / 16) * gb + (size_t)k * 32 + (size_t)(r % 16) * 2,
-                    src + ((size_t)r * (size_t)cols + (size_t)k) * 2, 2);
+        for (int64_t l = 0; l < nl; ++l) std::memcpy(dst + 16 * k + l, first + ((size_t)l * (size_t)cols + (size_t)k) * 2, 2);
+    }
     return p;
   }
   for (int64_t r = 0; r < rows; ++r)
