@@ -150,7 +150,7 @@ void bm_attention(benchmark::State& state, Isa isa, int64_t n_ctx) {
 double min_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()); }
 
 int register_all() {
-  const Isa isas[] = {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni};
+  const Isa isas[] = {Isa::ref, Isa::avx2, Isa::avx2vnni, Isa::avx512, Isa::avx512vnni};
   const DType types[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_k, DType::q5_k,
                          DType::q6_k, DType::f16,  DType::bf16,   DType::f32};
   struct Shape {

@@ -40,17 +40,20 @@ int gguf_synth(const std::string& shape_name, const std::string& type_name, cons
   const std::string cmd = "serval gguf synth";
   auto shape = find_synth_shape(shape_name);
   if (!shape.ok()) return fail(cmd, shape.status().message());
-  auto type = dtype_from_name(type_name);
-  if (!type) return fail(cmd, "unknown type '" + type_name + "' (e.g. f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+  const bool q4_k_m = type_name == "q4_k_m";
+  auto type = q4_k_m ? std::optional<DType>(DType::q4_k) : dtype_from_name(type_name);
+  if (!type) return fail(cmd, "unknown type '" + type_name + "' (e.g. f16, bf16, q8_0, q4_0, q4_k, q4_k_m, q6_k)");
   auto vocab = gguf::GgufFile::open(vocab_path);
   if (!vocab.ok()) return fail(cmd, vocab.status().message());
   ThreadPool pool(threads > 0 ? threads : ThreadPool::default_threads());
   const auto t0 = std::chrono::steady_clock::now();
-  Status st = write_synthetic_model({*shape, *type, seed}, *vocab, out, &pool);
+  SynthOptions opt{*shape, *type, seed};
+  opt.q4_k_m = q4_k_m;
+  Status st = write_synthetic_model(opt, *vocab, out, &pool);
   if (!st.ok()) return fail(cmd, st.message(), st.code() == StatusCode::io_error ? 1 : 2);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "%s: wrote %s (%s, %s) in %.1f s\n", cmd.c_str(), out.c_str(), shape_name.c_str(),
-               std::string(dtype_name(*type)).c_str(), secs);
+               q4_k_m ? "q4_k_m" : std::string(dtype_name(*type)).c_str(), secs);
   return 0;
 }
 
@@ -72,7 +75,7 @@ int cmd_gguf(int argc, char** argv) {
   for (const auto& s : synth_shapes()) shapes += (shapes.empty() ? "" : ", ") + s.name;
   auto* synth = app.add_subcommand("synth", "write a Llama GGUF with seeded random weights at a real shape");
   synth->add_option("--shape", shape, "model shape: " + shapes)->required();
-  synth->add_option("--type", type, "weight type (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, ...)");
+  synth->add_option("--type", type, "weight type (f32, f16, bf16, q8_0, q4_0, q4_k, q4_k_m (llama.cpp's mix), q6_k, ...)");
   synth->add_option("--vocab", vocab, "vocab-only GGUF whose tokenizer the model takes")->required();
   synth->add_option("-o,--output", out, "output file")->required();
   synth->add_option("--seed", seed, "random seed");

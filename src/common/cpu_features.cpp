@@ -78,6 +78,7 @@ const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::ref: return "ref";
     case Isa::avx2: return "avx2";
+    case Isa::avx2vnni: return "avx2vnni";
     case Isa::avx512: return "avx512";
     case Isa::avx512vnni: return "avx512vnni";
   }
@@ -85,7 +86,7 @@ const char* isa_name(Isa isa) {
 }
 
 std::optional<Isa> isa_from_name(std::string_view name) {
-  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni})
+  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx2vnni, Isa::avx512, Isa::avx512vnni})
     if (name == isa_name(i)) return i;
   return std::nullopt;
 }
@@ -96,6 +97,7 @@ bool isa_supported(Isa isa, const CpuFeatures& f) {
   switch (isa) {
     case Isa::ref: return true;
     case Isa::avx2: return avx2;
+    case Isa::avx2vnni: return avx2 && f.avxvnni;
     case Isa::avx512: return avx512;
     case Isa::avx512vnni: return avx512 && f.avx512vnni;
   }
@@ -103,7 +105,7 @@ bool isa_supported(Isa isa, const CpuFeatures& f) {
 }
 
 Isa best_isa(const CpuFeatures& f) {
-  for (Isa i : {Isa::avx512vnni, Isa::avx512, Isa::avx2})
+  for (Isa i : {Isa::avx512vnni, Isa::avx512, Isa::avx2vnni, Isa::avx2})
     if (isa_supported(i, f)) return i;
   return Isa::ref;
 }
@@ -113,10 +115,12 @@ Isa choose_isa(const CpuFeatures& f, const char* env_value, std::string_view* er
   if (env_value == nullptr || env_value[0] == '\0') return best;
   const auto want = isa_from_name(env_value);
   if (!want) {
-    if (error) *error = "unknown value (expected ref, avx2, avx512 or avx512vnni)";
+    if (error) *error = "unknown value (expected ref, avx2, avx2vnni, avx512 or avx512vnni)";
     return best;
   }
-  return (int)*want <= (int)best ? *want : best;
+  for (int i = (int)*want; i > 0; --i)
+    if (isa_supported((Isa)i, f)) return (Isa)i;
+  return Isa::ref;
 }
 
 Isa selected_isa() {

@@ -32,15 +32,17 @@ const CpuFeatures& cpu_features();
 // Detects the features now (no caching). All false on non-x86 builds.
 CpuFeatures detect_cpu_features();
 
-// Kernel levels, each a superset of the one before:
+// Kernel levels, each a superset of the one before except avx2vnni, which
+// avx512 does not need (a CPU may have either without the other):
 //   ref         portable scalar reference kernels (kernels/ref)
 //   avx2        AVX2 + FMA + F16C
-//   avx512      + AVX-512 F/BW/VL
+//   avx2vnni    + AVX-VNNI (VEX vpdpbusd/vpdpwssd on ymm; Alder Lake and later)
+//   avx512      AVX2 + FMA + F16C + AVX-512 F/BW/VL
 //   avx512vnni  + AVX-512-VNNI (vpdpbusd/vpdpwssd)
-enum class Isa { ref = 0, avx2 = 1, avx512 = 2, avx512vnni = 3 };
+enum class Isa { ref = 0, avx2 = 1, avx2vnni = 2, avx512 = 3, avx512vnni = 4 };
 
 const char* isa_name(Isa isa);
-// "ref", "avx2", "avx512", "avx512vnni" (case-sensitive); nullopt otherwise.
+// "ref", "avx2", "avx2vnni", "avx512", "avx512vnni" (case-sensitive); nullopt otherwise.
 std::optional<Isa> isa_from_name(std::string_view name);
 
 // True when the CPU (features f) can run kernels of level isa.
@@ -49,8 +51,8 @@ bool isa_supported(Isa isa, const CpuFeatures& f);
 Isa best_isa(const CpuFeatures& f);
 
 // The level to use given the value of SERVAL_ISA (env_value, nullptr = unset):
-// unset or empty -> best_isa(f); a known name -> that level, capped at
-// best_isa(f); an unknown name -> best_isa(f) and *error is set to a message
+// unset or empty -> best_isa(f); a known name -> the highest level <= it
+// that f supports; an unknown name -> best_isa(f) and *error is set to a message
 // naming the bad value and the accepted ones (error may be nullptr). Pure.
 Isa choose_isa(const CpuFeatures& f, const char* env_value, std::string_view* error = nullptr);
 

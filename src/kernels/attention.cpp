@@ -119,7 +119,8 @@ void kv_load_row(KvType t, const uint8_t* src, int64_t n, float* dst) {
 void attention_tile(const AttentionTile& t) {
   switch (active_isa()) {
     case Isa::ref: return attention_tile_ref(t);
-    case Isa::avx2: return detail::attention_tile_avx2()(t);
+    case Isa::avx2:
+    case Isa::avx2vnni: return detail::attention_tile_avx2()(t);
     case Isa::avx512:
     case Isa::avx512vnni: return detail::attention_tile_avx512()(t);
   }

@@ -1,7 +1,7 @@
 // Internal to kernels/: the per-ISA kernel tables behind the one dispatch point
 // (matmul.cpp). Not a public API.
 //
-// Every SIMD table (avx2, avx512, avx512vnni) computes bit-identical results:
+// Every SIMD table (avx2, avx2vnni, avx512, avx512vnni) computes bit-identical results:
 // the kernels are written once (x86/matmul_tmpl.inc) against a 16-lane vector
 // abstraction that AVX-512 implements with one zmm and AVX2 with two ymm, and
 // every floating-point step is the same IEEE operation on the same lane in every
@@ -59,6 +59,26 @@ struct MatmulKernel {
 // 64-byte loads stay aligned. MatmulTask::w_stride is the bytes of a group.
 constexpr int64_t kX16Rows = 16;
 
+// PackedMatrix's K-quant layouts (Q4_Kx16, Q6_Kx16; x86/packed_kq.inc): rows in
+// groups of 16 as above, each group nsb = cols / 256 super-blocks of
+// kQ4Kx16SbBytes / kQ6Kx16SbBytes bytes (64-byte multiples), in order. Row l's
+// element e of a super-block sits in "quad vector" e / 4 (64 bytes, byte
+// 4l + e % 4). Q4_K (2368 bytes):
+//   uint8_t  qs[32][64]   vector 8p + i: low nibble = element 64p + 4i + j,
+//                         high nibble = element 64p + 32 + 4i + j (byte 4l + j;
+//                         that is byte 32p + 4i + j of row l's stored qs)
+//   uint8_t  sc[8][16], mn[8][16]   sub-block scale / min j of row l at [j][l]
+//   uint16_t d[16], dmin[16]        F16
+// Q6_K (3392 bytes): 6-bit q (value q - 32)
+//   uint8_t  ql[32][64]   as Q4_K's qs, the low 4 bits of q
+//   uint8_t  qh[16][64]   vector n, byte 4l + j: bits 2s, 2s + 1 = the high bits
+//                         of slot s: s = 0 / 1: ql vector 2n's low / high
+//                         nibble, s = 2 / 3: ql vector 2n + 1's
+//   int8_t   sc[16][16]   sub-block (16 elements) scale k of row l at [k][l]
+//   uint16_t d[16]        F16; then 32 bytes of zeros
+constexpr size_t kQ4Kx16SbBytes = 2368;
+constexpr size_t kQ6Kx16SbBytes = 3392;
+
 // As kernels::attention, with `scores` holding n_heads / n_kv_heads * n_ctx floats.
 using AttentionFn = void (*)(const float* q, const float* const* k_blocks, const float* const* v_blocks,
                              int32_t block_size, int64_t kv_stride, int64_t n_ctx, int32_t n_heads,
@@ -80,6 +100,7 @@ struct KernelTable {
 // The tables of each level; nullptr where the build has none (non-x86).
 // Callers must check isa_supported() before using one.
 const KernelTable* kernel_table_avx2();
+const KernelTable* kernel_table_avx2vnni();
 const KernelTable* kernel_table_avx512();
 const KernelTable* kernel_table_avx512vnni();
 

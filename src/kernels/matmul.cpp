@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "kernels/act_quant.h"
 #include "kernels/kernel_table.h"
+#include "kernels/packed_kq.h"
 #include "kernels/ref/quants.h"
 #include "tensor/quant_blocks.h"
 
@@ -24,6 +25,7 @@ const detail::KernelTable* table_of(Isa isa) {
   switch (isa) {
     case Isa::ref: return nullptr;
     case Isa::avx2: return detail::kernel_table_avx2();
+    case Isa::avx2vnni: return detail::kernel_table_avx2vnni();
     case Isa::avx512: return detail::kernel_table_avx512();
     case Isa::avx512vnni: return detail::kernel_table_avx512vnni();
   }
@@ -218,40 +220,77 @@ void x16_get(DType t, const uint8_t* group, int64_t nb, int64_t b, int l, uint8_
   for (int k = 0; k < nk; ++k) std::memcpy(blk + 2 + 4 * k, group + b * qb + 64 * k + 4 * l, 4);
   std::memcpy(blk, group + (size_t)nb * qb + b * 32 + 2 * l, 2);
 }
+bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 }  // namespace
 
-size_t PackedMatrix::group_bytes() const { return (size_t)(cols_ / 32) * (x16_qs_bytes(type_) + 32); }
+size_t PackedMatrix::group_bytes() const {
+  if (is_float16(type_)) return (size_t)cols_ * 32;
+  if (const size_t sb = detail::kx16_sb_bytes(type_)) return (size_t)(cols_ / 256) * sb;
+  return (size_t)(cols_ / 32) * (x16_qs_bytes(type_) + 32);
+}
 
 void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
 
-bool PackedMatrix::packable(DType t) { return t == DType::q4_0 || t == DType::q8_0; }
+bool PackedMatrix::packable(DType t) {
+  return t == DType::q4_0 || t == DType::q8_0 || is_float16(t) || detail::kx16_sb_bytes(t) != 0;
+}
 
 PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t cols) {
   static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q8_0) == 34 && offsetof(block_q8_0, qs) == 2);
-  SERVAL_ASSERT(packable(t) && rows >= 0 && cols >= 0 && cols % 32 == 0);
+  const size_t sb_bytes = detail::kx16_sb_bytes(t);
+  const int64_t bs = sb_bytes ? 256 : is_float16(t) ? 1 : 32;
+  SERVAL_ASSERT(packable(t) && rows >= 0 && cols >= 0 && cols % bs == 0);
   PackedMatrix p;
   p.type_ = t;
   p.rows_ = rows;
   p.cols_ = cols;
   const int64_t groups = (rows + detail::kX16Rows - 1) / detail::kX16Rows;
-  const int64_t nb = cols / 32;
-  const size_t gb = p.group_bytes(), blk_bytes = row_size(t, 32);
+  const int64_t nb = cols / bs;
+  const size_t gb = p.group_bytes(), blk_bytes = row_size(t, bs);
   p.bytes_ = (size_t)groups * gb;
   const size_t alloc = (p.bytes_ + 63) / 64 * 64;
   p.buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc ? alloc : 64)));
   SERVAL_ASSERT(p.buf_ != nullptr);
   std::memset(p.buf_.get(), 0, alloc);
   const auto* src = static_cast<const uint8_t*>(w);
+  if (is_float16(t)) {  // [group][column][16 rows] of 2 bytes; written in order
+    for (int64_t g = 0; g < groups; ++g) {
+      auto* dst = reinterpret_cast<uint16_t*>(p.buf_.get() + (size_t)g * gb);
+      const int64_t nl = std::min<int64_t>(16, rows - 16 * g);
+      const uint8_t* first = src + (size_t)(16 * g) * (size_t)cols * 2;
+      for (int64_t k = 0; k < cols; ++k)
+        for (int64_t l = 0; l < nl; ++l) std::memcpy(dst + 16 * k + l, first + ((size_t)l * (size_t)cols + (size_t)k) * 2, 2);
+    }
+    return p;
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < nb; ++b)
-      x16_put(t, p.buf_.get() + (size_t)(r / 16) * gb, nb, b, (int)(r % 16), src + (size_t)(r * nb + b) * blk_bytes);
+      if (sb_bytes)
+        detail::kx16_put(t, p.buf_.get() + (size_t)(r / 16) * gb + (size_t)b * sb_bytes, (int)(r % 16),
+                         src + (size_t)(r * nb + b) * blk_bytes);
+      else
+        x16_put(t, p.buf_.get() + (size_t)(r / 16) * gb, nb, b, (int)(r % 16), src + (size_t)(r * nb + b) * blk_bytes);
   return p;
 }
 
 void PackedMatrix::dequantize_row(int64_t r, float* out) const {
   SERVAL_ASSERT(r >= 0 && r < rows_);
-  const int64_t nb = cols_ / 32;
   const uint8_t* g = buf_.get() + (size_t)(r / 16) * group_bytes();
+  if (is_float16(type_)) {
+    std::vector<uint16_t> row((size_t)cols_);
+    for (int64_t k = 0; k < cols_; ++k) std::memcpy(&row[(size_t)k], g + (size_t)k * 32 + (size_t)(r % 16) * 2, 2);
+    ref::dequantize_row(type_, row.data(), out, cols_);
+    return;
+  }
+  if (const size_t sb = detail::kx16_sb_bytes(type_)) {
+    uint8_t blk[256];
+    for (int64_t b = 0; b < cols_ / 256; ++b) {
+      detail::kx16_get(type_, g + (size_t)b * sb, (int)(r % 16), blk);
+      ref::dequantize_row(type_, blk, out + b * 256, 256);
+    }
+    return;
+  }
+  const int64_t nb = cols_ / 32;
   uint8_t blk[34];
   for (int64_t b = 0; b < nb; ++b) {
     x16_get(type_, g, nb, b, (int)(r % 16), blk);
@@ -285,13 +324,21 @@ void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPo
   task.x = x;
   task.n = n;
   task.y = y;
-  task.act_stride = detail::act_q8_0p_row_bytes(cols);
+  const bool parallel = pool != nullptr && pool->n_threads() > 1;
+  if (k.act == detail::ActKind::f32) {
+    run_rows(k.fn, task, parallel ? pool : nullptr);
+    return;
+  }
+  const bool qk = k.act == detail::ActKind::q8_k;
+  task.act_stride = qk ? detail::act_q8_k_row_bytes(cols) : detail::act_q8_0p_row_bytes(cols);
   uint8_t* act = act_scratch(task.act_stride * (size_t)n);
   task.act = act;
-  const bool parallel = pool != nullptr && pool->n_threads() > 1;
   auto quantize = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      tab->quantize_q8_0p(x + i * cols, cols, k.act_offset, act + (size_t)i * task.act_stride);
+    for (int64_t i = i0; i < i1; ++i) {
+      uint8_t* dst = act + (size_t)i * task.act_stride;
+      if (qk) tab->quantize_q8_k(x + i * cols, cols, dst);
+      else tab->quantize_q8_0p(x + i * cols, cols, k.act_offset, dst);
+    }
   };
   if (parallel && n * cols >= (1 << 18)) pool->parallel_for(n, quantize);
   else quantize(0, n);

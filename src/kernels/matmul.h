@@ -1,6 +1,6 @@
 // Batched matrix products and attention of the forward pass: the one dispatch
 // point the model calls. The kernel level (Isa: ref | avx2 | avx512 |
-// avx512vnni) is chosen once, at first use, from CPUID and SERVAL_ISA
+// avx512vnni, avx2vnni) is chosen once, at first use, from CPUID and SERVAL_ISA
 // (common/cpu_features.h); ref/ holds the scalar references the SIMD kernels
 // are tested against (tests/kernels/matmul_simd_test.cpp).
 //
@@ -43,15 +43,18 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
             ThreadPool* pool);
 
 // A weight matrix repacked once (at model load) into a layout the SIMD kernels
-// read faster. Today: Q4_0 and Q8_0 with 16 rows interleaved (kernel_table.h's
-// X16 layouts), so that each integer dot instruction serves 16 weight rows and
+// read faster. Today: Q4_0, Q8_0, Q4_K and Q6_K with 16 rows interleaved
+// (kernel_table.h's X16 and K-quant x16 layouts), so that each integer dot instruction serves 16 weight rows and
 // a block's integer sum is finished before any float step: about 2.5x fewer
 // instructions per multiply-add than over the stored rows, same bytes.
 //
 // Numerics of matmul(PackedMatrix) at the SIMD levels: activations quantized
-// as for the stored rows (Q8, F16-rounded scales); per (row r, activation row
-// i), blocks b in order: T = exact integer dot of block b, acc = fma(float(T),
-// d_w * d_x, acc); Y = acc. Identical at every SIMD level, for every batch
+// as for the stored rows (Q8 per 32 with F16-rounded scales; Q8_K per 256 for
+// the K-quants); per (row r, activation row i), blocks b in order: T = exact
+// integer dot of block b, acc = fma(float(T), d_w * d_x, acc); Y = acc. (The
+// K-quants: T sums the sub-blocks' integer dots times their integer scales;
+// Q4_K then subtracts float(M) * (dmin * d_x), M its exact min term: see
+// x86/packed_kq.inc.) Identical at every SIMD level, for every batch
 // size and composition and every thread count (batch invariance), but not bit
 // for bit equal to matmul() over the unpacked rows. The ref level dequantizes
 // rows to F32 as for the stored rows.
@@ -102,7 +105,7 @@ void attention(const float* q, const float* const* k_blocks, const float* const*
                float* out, float* scratch);
 
 // The kernel level in use (selected_isa() unless set_isa changed it), and its
-// name ("ref", "avx2", "avx512", "avx512vnni") for the CLI to print.
+// name ("ref", "avx2", "avx2vnni", "avx512", "avx512vnni") for the CLI to print.
 Isa active_isa();
 inline const char* active_isa_name() { return isa_name(active_isa()); }
 

@@ -68,6 +68,7 @@ uint32_t file_type_of(DType t) {
 Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& vocab, const std::string& out_path,
                              ThreadPool* pool) {
   const SynthShape& s = opt.shape;
+  if (opt.q4_k_m && opt.type != DType::q4_k) return invalid_argument("the Q4_K_M mix needs type q4_k");
   if (!ref::can_quantize(opt.type))
     return unsupported("cannot write weights of type " + std::string(dtype_name(opt.type)));
   auto tr = dtype_traits(opt.type);
@@ -100,10 +101,9 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
     if (kv.key.rfind("tokenizer.", 0) == 0) w.add(kv.key, kv.value);
 
   uint64_t tensor_id = 0;
-  const DType type = opt.type;
   const uint64_t seed = opt.seed;
   // A [rows, cols] matrix of N(0, 0.02) quantized row by row (rows in parallel).
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, DType type) {
     const uint64_t id = ++tensor_id;
     w.add_tensor(name, {cols, rows}, type, [=](uint8_t* dst, uint64_t) {
       const size_t rs = row_size(type, cols);
@@ -125,20 +125,25 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
     });
   };
   const int64_t head_dim = s.dim / s.n_heads, kv_dim = s.n_kv_heads * head_dim;
-  matrix("token_embd.weight", n_vocab, s.dim);
+  const DType type = opt.type, more = opt.q4_k_m ? DType::q6_k : opt.type;
+  // llama.cpp's use_more_bits(i, n) (llama-quant.cpp): Q4_K_M's Q6_K layers.
+  const int64_t n = s.n_layers;
+  auto more_bits = [n](int64_t i) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; };
+  matrix("token_embd.weight", n_vocab, s.dim, type);
   ones("output_norm.weight", s.dim);
-  matrix("output.weight", n_vocab, s.dim);
+  matrix("output.weight", n_vocab, s.dim, more);
   for (int64_t i = 0; i < s.n_layers; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
+    const DType tv = more_bits(i) ? more : type;
     ones(p + "attn_norm.weight", s.dim);
-    matrix(p + "attn_q.weight", s.dim, s.dim);
-    matrix(p + "attn_k.weight", kv_dim, s.dim);
-    matrix(p + "attn_v.weight", kv_dim, s.dim);
-    matrix(p + "attn_output.weight", s.dim, s.dim);
+    matrix(p + "attn_q.weight", s.dim, s.dim, type);
+    matrix(p + "attn_k.weight", kv_dim, s.dim, type);
+    matrix(p + "attn_v.weight", kv_dim, s.dim, tv);
+    matrix(p + "attn_output.weight", s.dim, s.dim, type);
     ones(p + "ffn_norm.weight", s.dim);
-    matrix(p + "ffn_gate.weight", s.ffn_dim, s.dim);
-    matrix(p + "ffn_up.weight", s.ffn_dim, s.dim);
-    matrix(p + "ffn_down.weight", s.dim, s.ffn_dim);
+    matrix(p + "ffn_gate.weight", s.ffn_dim, s.dim, type);
+    matrix(p + "ffn_up.weight", s.ffn_dim, s.dim, type);
+    matrix(p + "ffn_down.weight", s.dim, s.ffn_dim, tv);
   }
   return w.write_file(out_path);
 }

@@ -14,29 +14,15 @@
 
 #include "common/cpu_features.h"
 #include "kernels/attention.h"
+#include "kernels/isa_levels.h"
 #include "kernels/matmul.h"
 #include "tensor/kv_type.h"
 
 namespace serval {
 namespace {
 
-std::vector<Isa> levels() {
-  std::vector<Isa> out;
-  const Isa keep = kernels::active_isa();
-  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni})
-    if (kernels::set_isa(i) == i) out.push_back(i);
-  kernels::set_isa(keep);
-  return out;
-}
-
-class IsaGuard {
- public:
-  IsaGuard() : saved_(kernels::active_isa()) {}
-  ~IsaGuard() { kernels::set_isa(saved_); }
-
- private:
-  Isa saved_;
-};
+std::vector<Isa> levels() { return test::available_isa_levels(); }
+using test::IsaGuard;
 
 // ---- FP8 E4M3 ----------------------------------------------------------------
 

@@ -15,6 +15,7 @@
 #include "common/fp16.h"
 #include "common/thread_pool.h"
 #include "kernels/act_quant.h"
+#include "kernels/isa_levels.h"
 #include "kernels/kernel_table.h"
 #include "kernels/matmul.h"
 #include "kernels/ref/quants.h"
@@ -150,14 +151,7 @@ class KernelLevels : public ::testing::Test {
  protected:
   void SetUp() override { saved_ = kernels::active_isa(); }
   void TearDown() override { kernels::set_isa(saved_); }
-  static std::vector<Isa> levels() {
-    std::vector<Isa> out;
-    const Isa keep = kernels::active_isa();
-    for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni})
-      if (kernels::set_isa(i) == i) out.push_back(i);
-    kernels::set_isa(keep);
-    return out;
-  }
+  static std::vector<Isa> levels() { return test::available_isa_levels(); }
   static std::vector<Isa> simd_levels() {
     auto v = levels();
     v.erase(v.begin());
@@ -369,6 +363,33 @@ TEST_F(KernelLevels, SimdLevelsBitIdentical) {
   }
 }
 
+// The AVX-VNNI table (VEX vpdpbusd) against plain AVX2, stored and packed
+// weights, random bytes in every quant field (e.g. Q8_0's -128).
+TEST_F(KernelLevels, AvxVnniMatchesAvx2BitForBit) {
+  if (!isa_supported(Isa::avx2vnni, cpu_features())) GTEST_SKIP() << "this CPU lacks AVX-VNNI (avxvnni)";
+  for (DType t : kFastTypes) {
+    const int64_t cols = cols_for(t, true);
+    const Weights w = random_weights(t, 35, cols, 41);
+    const auto x = activations(9, cols, 43);
+    ASSERT_EQ(kernels::set_isa(Isa::avx2), Isa::avx2);
+    const auto want = run(w, x, 9);
+    std::vector<float> want_packed;
+    std::unique_ptr<kernels::PackedMatrix> p;
+    if (kernels::PackedMatrix::packable(t)) {
+      p = std::make_unique<kernels::PackedMatrix>(kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols));
+      want_packed.resize((size_t)(9 * w.rows));
+      kernels::matmul(*p, x.data(), 9, want_packed.data(), nullptr);
+    }
+    ASSERT_EQ(kernels::set_isa(Isa::avx2vnni), Isa::avx2vnni);
+    EXPECT_EQ(run(w, x, 9), want) << dtype_name(t);
+    if (p) {
+      std::vector<float> y(want_packed.size());
+      kernels::matmul(*p, x.data(), 9, y.data(), nullptr);
+      EXPECT_EQ(y, want_packed) << dtype_name(t) << " packed";
+    }
+  }
+}
+
 TEST_F(KernelLevels, RandomBlocksMatchReferenceAndAcrossLevels) {
   for (DType t : kFastTypes) {
     for (bool odd : {false, true}) {
@@ -567,6 +588,7 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
     const kernels::detail::KernelTable* table;
   };
   const Level lv[] = {{Isa::avx2, kernels::detail::kernel_table_avx2()},
+                      {Isa::avx2vnni, kernels::detail::kernel_table_avx2vnni()},
                       {Isa::avx512, kernels::detail::kernel_table_avx512()},
                       {Isa::avx512vnni, kernels::detail::kernel_table_avx512vnni()}};
   for (int64_t cols : {256, 512, 1280}) {
@@ -611,9 +633,11 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
   }
 }
 
-// ---- packed Q4_0 / Q8_0 (kernels::PackedMatrix) ------------------------------------
+// ---- packed Q4_0 / Q8_0 / Q4_K / Q6_K / F16 / BF16 (kernels::PackedMatrix) ---------
 
-const DType kPackedTypes[] = {DType::q4_0, DType::q8_0};
+const DType kPackedTypes[] = {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k, DType::f16, DType::bf16};
+bool is_k(DType t) { return t == DType::q4_k || t == DType::q6_k; }
+bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 // The integer weight values of 32-block b of row r (Q4_0: nibble - 8; Q8_0: qs).
 void block_ints(const Weights& w, int64_t r, int64_t b, int32_t out[32]) {
@@ -635,10 +659,98 @@ uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
   return d;
 }
 
+// Super-block sb of row r as integers, from the stored block by the format's
+// definition (quant_blocks.h): q[256] (Q4_K: 0..15; Q6_K: value - 32, -32..31),
+// the scale of each element's sub-block (sc), Q4_K's per-32 mins (mn[8]), d, dmin.
+struct KInts {
+  int32_t q[256], sc[256], mn[8];
+  float d, dmin;
+};
+KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
+  KInts k{};
+  const uint8_t* row = w.data.data() + (size_t)r * w.stride;
+  if (w.t == DType::q4_k) {
+    const auto& b = reinterpret_cast<const block_q4_K*>(row)[sb];
+    const uint8_t* s = b.scales;
+    for (int j = 0; j < 8; ++j) {
+      const int scj = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+      k.mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      for (int e = 32 * j; e < 32 * j + 32; ++e) k.sc[e] = scj;
+    }
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l) {
+        k.q[64 * p + l] = b.qs[32 * p + l] & 15;
+        k.q[64 * p + 32 + l] = b.qs[32 * p + l] >> 4;
+      }
+    k.d = fp16_to_fp32(b.d);
+    k.dmin = fp16_to_fp32(b.dmin);
+  } else {
+    const auto& b = reinterpret_cast<const block_q6_K*>(row)[sb];
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 32; ++l)
+        for (int t = 0; t < 4; ++t) {
+          const int low = b.ql[64 * h + l + 32 * (t % 2)];
+          const int e = 128 * h + 32 * t + l;
+          k.q[e] = ((t < 2 ? low & 15 : low >> 4) | (((b.qh[32 * h + l] >> (2 * t)) & 3) << 4)) - 32;
+        }
+    for (int e = 0; e < 256; ++e) k.sc[e] = b.scales[e / 16];
+    k.d = fp16_to_fp32(b.d);
+  }
+  return k;
+}
+
+// The documented numerics of matmul(PackedMatrix) for the K-quants (matmul.h,
+// x86/packed_kq.inc), written plainly: scalar Q8_K activations; per super-block
+// T = sum sc * q * a, M = sum mn_j * (sum of a over sub-block j) (Q4_K), then
+// acc = fma(T, d * dx, acc) and acc = acc - M * (dmin * dx) (one rounding).
+// Block b of a prepared activation row: its int8 quants, and its scale (at d_off) in *dx.
+const int8_t* act_unit(const std::vector<uint8_t>& act, int64_t b, size_t unit_bytes, size_t d_off, float* dx) {
+  const uint8_t* unit = act.data() + (size_t)b * unit_bytes;
+  std::memcpy(dx, unit + d_off, 4);
+  return reinterpret_cast<const int8_t*>(unit);
+}
+
+std::vector<float> packed_model_k(const Weights& w, const std::vector<float>& x, int64_t n) {
+  const int64_t nsb = w.cols / 256;
+  std::vector<float> y((size_t)(n * w.rows));
+  std::vector<uint8_t> act(kernels::detail::act_q8_k_row_bytes(w.cols));
+  for (int64_t i = 0; i < n; ++i) {
+    kernels::detail::quantize_act_q8_k(x.data() + i * w.cols, w.cols, act.data());
+    for (int64_t r = 0; r < w.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        float dx;
+        const int8_t* qa = act_unit(act, sb, kernels::detail::kActQ8_KBlockBytes, 304, &dx);
+        const KInts k = k_ints(w, r, sb);
+        int64_t t = 0, m = 0;
+        for (int e = 0; e < 256; ++e) {
+          t += (int64_t)k.sc[e] * k.q[e] * qa[e];
+          if (w.t == DType::q4_k) m += (int64_t)k.mn[e / 32] * qa[e];
+        }
+        acc = std::fmaf((float)t, k.d * dx, acc);
+        if (w.t == DType::q4_k) acc = std::fmaf(-(float)m, k.dmin * dx, acc);
+      }
+      y[(size_t)(i * w.rows + r)] = acc;
+    }
+  }
+  return y;
+}
+
 // The documented numerics of matmul(PackedMatrix) at the SIMD levels, written
 // plainly: scalar Q8_0P activations, exact integer block dots, one fmaf per
 // block in block order.
 std::vector<float> packed_model(const Weights& w, const std::vector<float>& x, int64_t n) {
+  if (is_k(w.t)) return packed_model_k(w, x, n);
+  if (is_float16(w.t)) {  // one fmaf per column, in column order
+    std::vector<float> y((size_t)(n * w.rows));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < w.rows; ++r) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < w.cols; ++k) acc = std::fmaf(w.deq[(size_t)(r * w.cols + k)], x[(size_t)(i * w.cols + k)], acc);
+        y[(size_t)(i * w.rows + r)] = acc;
+      }
+    return y;
+  }
   const int64_t nb = w.cols / 32;
   std::vector<float> y((size_t)(n * w.rows));
   std::vector<uint8_t> act(kernels::detail::act_q8_0p_row_bytes(w.cols));
@@ -647,10 +759,8 @@ std::vector<float> packed_model(const Weights& w, const std::vector<float>& x, i
     for (int64_t r = 0; r < w.rows; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* unit = act.data() + b * kernels::detail::kActQ8_0PBlockBytes;
-        const auto* qa = reinterpret_cast<const int8_t*>(unit);
         float dx;
-        std::memcpy(&dx, unit + 36, 4);
+        const int8_t* qa = act_unit(act, b, kernels::detail::kActQ8_0PBlockBytes, 36, &dx);
         int32_t q[32], t = 0;
         block_ints(w, r, b, q);
         for (int j = 0; j < 32; ++j) t += q[j] * qa[j];
@@ -671,11 +781,15 @@ std::vector<float> run_packed(const kernels::PackedMatrix& p, const std::vector<
 
 TEST(PackedMatrix, RowsRoundTrip) {
   for (DType t : kPackedTypes) {
-    const Weights w = random_weights(t, 37, 96, 5);
+    const int64_t bs = is_k(t) ? 256 : 32;
+    const Weights w = random_weights(t, 37, 3 * bs, 5);
     ASSERT_TRUE(kernels::PackedMatrix::packable(t));
     const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
-    // 3 groups of 16 rows (the last one padded), 3 blocks.
-    EXPECT_EQ(p.bytes(), (size_t)3 * 16 * 3 * row_size(t, 32)) << dtype_name(t);
+    // 3 groups of 16 rows (the last one padded), 3 blocks; Q4_K's scales take 4
+    // bytes more per row and super-block (unpacked to bytes), Q6_K pads 32 bytes
+    // per 16-row super-block.
+    const size_t extra = t == DType::q4_k ? 4 * 16 : t == DType::q6_k ? 32 : 0;
+    EXPECT_EQ(p.bytes(), (size_t)3 * 3 * (16 * row_size(t, bs) + extra)) << dtype_name(t);
     std::vector<float> row((size_t)w.cols);
     for (int64_t r = 0; r < w.rows; ++r) {
       p.dequantize_row(r, row.data());
@@ -683,8 +797,8 @@ TEST(PackedMatrix, RowsRoundTrip) {
           << dtype_name(t) << " row " << r;
     }
   }
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q4_k));
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::f16));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q5_k));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q4_1));
 }
 
 TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
@@ -692,6 +806,7 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
   for (DType ty : kPackedTypes)
   for (int64_t rows : {45, 64, 300}) {
     for (int64_t cols : {96, 512}) {
+      if (is_k(ty)) cols = cols == 96 ? 256 : 768;
       SCOPED_TRACE(dtype_name(ty));
       const Weights w = random_weights(ty, rows, cols, (uint64_t)(rows * cols));
       const auto p = kernels::PackedMatrix::pack(ty, w.data.data(), rows, cols);
@@ -731,7 +846,7 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
 
 TEST_F(KernelLevels, PackedWithinFormatBound) {
   for (DType t : kPackedTypes) {
-    const Weights w = make_weights(t, 40, 800, 31);
+    const Weights w = make_weights(t, 40, is_k(t) ? 768 : 800, 31);
     const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
     const auto x = activations(6, w.cols, 12);
     for (Isa isa : levels()) {
@@ -753,11 +868,16 @@ TEST(CpuFeatures, ChooseIsa) {
   avx512.avx512f = avx512.avx512bw = avx512.avx512vl = true;
   CpuFeatures vnni = avx512;
   vnni.avx512vnni = true;
+  CpuFeatures avxvnni = avx2;  // Alder Lake: AVX-VNNI without AVX-512
+  avxvnni.avxvnni = true;
+  CpuFeatures icelake = vnni;  // AVX-512-VNNI without AVX-VNNI
 
   EXPECT_EQ(best_isa(none), Isa::ref);
   EXPECT_EQ(best_isa(avx2), Isa::avx2);
   EXPECT_EQ(best_isa(avx512), Isa::avx512);
   EXPECT_EQ(best_isa(vnni), Isa::avx512vnni);
+  EXPECT_EQ(best_isa(avxvnni), Isa::avx2vnni);
+  EXPECT_FALSE(isa_supported(Isa::avx2vnni, icelake));
   CpuFeatures no_fma = avx2;
   no_fma.fma = false;
   EXPECT_EQ(best_isa(no_fma), Isa::ref);
@@ -769,11 +889,14 @@ TEST(CpuFeatures, ChooseIsa) {
   EXPECT_EQ(choose_isa(vnni, "avx2", &err), Isa::avx2);
   EXPECT_EQ(choose_isa(avx2, "avx512vnni", &err), Isa::avx2);  // capped
   EXPECT_EQ(choose_isa(none, "avx512", &err), Isa::ref);
+  EXPECT_EQ(choose_isa(avxvnni, "avx512vnni", &err), Isa::avx2vnni);  // capped
+  EXPECT_EQ(choose_isa(icelake, "avx2vnni", &err), Isa::avx2);         // the highest supported below
   EXPECT_TRUE(err.empty());
   EXPECT_EQ(choose_isa(avx512, "sse9", &err), Isa::avx512);
   EXPECT_NE(err.find("unknown"), std::string_view::npos);
 
-  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512, Isa::avx512vnni}) EXPECT_EQ(isa_from_name(isa_name(i)), i);
+  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx2vnni, Isa::avx512, Isa::avx512vnni})
+    EXPECT_EQ(isa_from_name(isa_name(i)), i);
   EXPECT_FALSE(isa_from_name("AVX2").has_value());
 }
 

@@ -56,7 +56,8 @@ std::vector<std::vector<float>> run_chunks(BatchForward& bf, std::span<const Blo
 // 8-bit blocks as llama.cpp does, so the comparison is on the top-5
 // log-probabilities with the foundation issue's bounds for quantized formats.
 TEST(BatchForward, MatchesReferenceForward) {
-  for (const char* file : {"stories260K.gguf", "mini/mini-qwen2-Q4_K_M.gguf", "mini/mini-llama-Q6_K.gguf"}) {
+  for (const char* file :
+       {"stories260K.gguf", "mini/mini-qwen2-Q4_K_M.gguf", "mini/mini-llama-Q6_K.gguf", "mini/mini-llama-F16.gguf"}) {
     Fixture f = make(file, 8, 16);
     BatchForward bf(*f.model, *f.kv, nullptr);
     ReferenceForward ref(*f.model, 128);
@@ -88,7 +89,9 @@ TEST(BatchForward, MatchesReferenceForward) {
         ++n_lp;
       }
     }
-    const bool f32 = f.model->weights().layers[0].wq.type == DType::f32;
+    // F32 and F16 weights take F32 activations: only the summation order differs.
+    const DType wt = f.model->weights().layers[0].wq.type;
+    const bool f32 = wt == DType::f32 || wt == DType::f16;
     std::printf("%-32s max |d logit| %.2e  top-5 |d logprob| mean %.4f max %.4f\n", file, max_logit,
                 sum_lp / (double)n_lp, max_lp);
     if (f32) {

@@ -137,6 +137,23 @@ TEST(ModelLoad, SyntheticTinyModelLoadsAndRuns) {
     EXPECT_EQ((*m)->config().n_vocab, 512);
     EXPECT_EQ((*m)->weights().layers[1].w_down.type, t);
   }
+  // llama.cpp's Q4_K_M mix: with 2 layers use_more_bits() picks layer 1 only.
+  SynthOptions mix{*shape, DType::q4_k, 7};
+  mix.q4_k_m = true;
+  ASSERT_TRUE(write_synthetic_model(mix, *vocab, path).ok());
+  {
+    auto m = Model::load(path);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    const ModelWeights& w = (*m)->weights();
+    EXPECT_EQ(w.output.type, DType::q6_k);
+    EXPECT_EQ(w.layers[0].w_down.type, DType::q4_k);
+    EXPECT_EQ(w.layers[0].wv.type, DType::q4_k);
+    EXPECT_EQ(w.layers[1].w_down.type, DType::q6_k);
+    EXPECT_EQ(w.layers[1].wv.type, DType::q6_k);
+    EXPECT_EQ(w.layers[1].wq.type, DType::q4_k);
+  }
+  mix.type = DType::q8_0;
+  EXPECT_FALSE(write_synthetic_model(mix, *vocab, path).ok());
   std::remove(path.c_str());
   EXPECT_FALSE(find_synth_shape("gpt-5").ok());
 }

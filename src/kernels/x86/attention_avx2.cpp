@@ -19,7 +19,7 @@ namespace serval::kernels::detail {
 namespace {
 
 #include "kernels/x86/simd_avx2.h"
-using B = Avx2;
+using B = Avx2<false>;
 #include "kernels/x86/vexp.inc"
 #include "kernels/x86/attention_tmpl.inc"
 

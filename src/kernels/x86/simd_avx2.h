@@ -7,8 +7,11 @@
 
 #define SERVAL_SIMD_INLINE inline __attribute__((always_inline))
 
+// kVnniT: AVX-VNNI (VEX vpdpbusd / vpdpwssd on ymm; the region must enable
+// avxvnni) instead of vpmaddubsw + vpmaddwd; the same results.
+template <bool kVnniT>
 struct Avx2 {
-  static constexpr bool kVnni = false;
+  static constexpr bool kVnni = kVnniT;
   struct F {
     __m256 lo, hi;
   };
@@ -22,6 +25,8 @@ struct Avx2 {
   static constexpr int kFR = 1, kFC = 4;
   static constexpr int kGemvR = 2, kGemvRF = 4;
   static constexpr int kX16C = 2;
+  // Packed F16/BF16 tiles: row groups (n == 1 / n > 1) x activation rows.
+  static constexpr int kFX16RGV = 2, kFX16RG = 1, kFX16C = 4;
 
   // First m (0..8) i32 lanes set.
   static SERVAL_SIMD_INLINE __m256i lane_mask(int m) {
@@ -161,7 +166,8 @@ struct Avx2 {
   }
 
   static SERVAL_SIMD_INLINE __m256i dot_half(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+    if constexpr (kVnni) return _mm256_dpbusd_avx_epi32(acc, u, s);
+    else return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
   }
   static SERVAL_SIMD_INLINE I dot_u8s8(I acc, I u, I s) { return {dot_half(acc.lo, u.lo, s.lo), dot_half(acc.hi, u.hi, s.hi)}; }
   static SERVAL_SIMD_INLINE I dot_s8s8(I acc, I w, I s) {
@@ -169,6 +175,9 @@ struct Avx2 {
             dot_half(acc.hi, _mm256_abs_epi8(w.hi), _mm256_sign_epi8(s.hi, w.hi))};
   }
   static SERVAL_SIMD_INLINE I dot_u8s8_w16(I acc, I u, I s, I w16) {
+    if constexpr (kVnni)
+      return {_mm256_dpwssd_avx_epi32(acc.lo, _mm256_maddubs_epi16(u.lo, s.lo), w16.lo),
+              _mm256_dpwssd_avx_epi32(acc.hi, _mm256_maddubs_epi16(u.hi, s.hi), w16.hi)};
     return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(u.lo, s.lo), w16.lo)),
             _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(u.hi, s.hi), w16.hi))};
   }
@@ -227,6 +236,23 @@ struct Avx2 {
   }
   static SERVAL_SIMD_INLINE I srl4(I v) { return {_mm256_srli_epi16(v.lo, 4), _mm256_srli_epi16(v.hi, 4)}; }
   static SERVAL_SIMD_INLINE I load64(const uint8_t* p) { return iload(p); }
+  // ---- packed K-quant (X16) pieces: one i32 lane per weight row ---------------
+  static SERVAL_SIMD_INLINE I imul_lanes(I a, I b) {
+    return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)};
+  }
+  static SERVAL_SIMD_INLINE I iset1(int32_t v) { return {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; }
+  static SERVAL_SIMD_INLINE I u8x16_i32(const uint8_t* p) {
+    return {_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)),
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)))};
+  }
+  static SERVAL_SIMD_INLINE I s8x16_i32(const int8_t* p) {
+    return {_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)),
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)))};
+  }
+  template <int kSh>
+  static SERVAL_SIMD_INLINE I shl16(I v) {
+    return {shift16<kSh>(v.lo), shift16<kSh>(v.hi)};
+  }
 
   template <int kA, int kB>
   static SERVAL_SIMD_INLINE I scales_u8_2x16(uint64_t s8) {

@@ -37,6 +37,8 @@ struct Avx512 {
   static constexpr int kFR = SERVAL_T_FR, kFC = SERVAL_T_FC;
   static constexpr int kGemvR = 4, kGemvRF = 8;
   static constexpr int kX16C = SERVAL_T_X16C;  // activation rows per packed (X16) tile
+  // Packed F16/BF16 tiles: row groups (n == 1 / n > 1) x activation rows.
+  static constexpr int kFX16RGV = 4, kFX16RG = 2, kFX16C = 8;
 
   // ---- float --------------------------------------------------------------
   static SERVAL_SIMD_INLINE F fzero() { return _mm512_setzero_ps(); }
@@ -241,6 +243,23 @@ struct Avx512 {
   }
   static SERVAL_SIMD_INLINE I and8(I v, char mask) { return _mm512_and_si512(v, _mm512_set1_epi8(mask)); }
   static SERVAL_SIMD_INLINE I srl4(I v) { return _mm512_srli_epi16(v, 4); }
+  // ---- packed K-quant (X16) pieces: one i32 lane per weight row ---------------
+  static SERVAL_SIMD_INLINE I imul_lanes(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static SERVAL_SIMD_INLINE I iset1(int32_t v) { return _mm512_set1_epi32(v); }
+  // 16 bytes -> 16 i32 lanes.
+  static SERVAL_SIMD_INLINE I u8x16_i32(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+  }
+  static SERVAL_SIMD_INLINE I s8x16_i32(const int8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+  }
+  // 16-bit lanes shifted left by kSh (right when negative).
+  template <int kSh>
+  static SERVAL_SIMD_INLINE I shl16(I v) {
+    if constexpr (kSh > 0) return _mm512_slli_epi16(v, kSh);
+    else if constexpr (kSh < 0) return _mm512_srli_epi16(v, -kSh);
+    else return v;
+  }
   // 64 bytes (one Q6_K half of ql).
   static SERVAL_SIMD_INLINE I load64(const uint8_t* p) { return _mm512_loadu_si512(p); }
 

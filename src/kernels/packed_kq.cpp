@@ -1,0 +1,124 @@
+#include "kernels/packed_kq.h"
+
+#include <cstring>
+
+#include "kernels/kernel_table.h"
+#include "tensor/quant_blocks.h"
+
+namespace serval::kernels::detail {
+namespace {
+
+static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q6_K) == 210);
+constexpr size_t kQ4Sc = 2048, kQ4Mn = 2176, kQ4D = 2304, kQ4Dmin = 2336;
+constexpr size_t kQ6Qh = 2048, kQ6Sc = 3072, kQ6D = 3328;
+
+// Q4_K's 12 scale bytes <-> 8 six-bit scales and mins (llama.cpp's get_scale_min_k4).
+void k4_unpack(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = (uint8_t)((s[j + 8] & 0x0F) | ((s[j] >> 6) << 4));
+    mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+  }
+}
+void k4_pack(const uint8_t sc[8], const uint8_t mn[8], uint8_t* s) {
+  for (int j = 0; j < 4; ++j) {
+    s[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+    s[j + 4] = (uint8_t)(mn[j] | ((mn[j + 4] >> 4) << 6));
+    s[j + 8] = (uint8_t)((sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4));
+  }
+}
+
+// Q6_K's ql/qh <-> q[256] in 0..63 (element 128h + 32r + l: see ref/dequantize.cpp).
+void q6_unpack(const block_q6_K& b, uint8_t q[256]) {
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 32; ++l)
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t low = b.ql[64 * h + l + 32 * (r % 2)];
+        q[128 * h + 32 * r + l] = (uint8_t)((r < 2 ? low & 15 : low >> 4) | (((b.qh[32 * h + l] >> (2 * r)) & 3) << 4));
+      }
+}
+void q6_pack(const uint8_t q[256], block_q6_K& b) {
+  std::memset(b.ql, 0, sizeof b.ql);
+  std::memset(b.qh, 0, sizeof b.qh);
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 32; ++l)
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t v = q[128 * h + 32 * r + l];
+        b.ql[64 * h + l + 32 * (r % 2)] |= (uint8_t)((v & 15) << (r < 2 ? 0 : 4));
+        b.qh[32 * h + l] |= (uint8_t)((v >> 4) << (2 * r));
+      }
+}
+
+// Packed Q6_K: element 64p + 32hi + 4i + j of row l is nibble hi of ql vector
+// 8p + i (byte 4l + j), its high bits in slot 2 (i % 2) + hi of qh vector 4p + i / 2.
+size_t q6_ql(int e, int l) { return (size_t)64 * (8 * (e / 64) + (e % 32) / 4) + 4 * l + e % 4; }
+size_t q6_qh(int e, int l) { return kQ6Qh + (size_t)64 * (4 * (e / 64) + (e % 32) / 8) + 4 * l + e % 4; }
+int q6_slot(int e) { return 2 * (((e % 32) / 4) % 2) + (e % 64) / 32; }
+
+}  // namespace
+
+size_t kx16_sb_bytes(DType t) {
+  switch (t) {
+    case DType::q4_k: return kQ4Kx16SbBytes;
+    case DType::q6_k: return kQ6Kx16SbBytes;
+    default: return 0;
+  }
+}
+
+void kx16_put(DType t, uint8_t* sb16, int l, const uint8_t* blk) {
+  if (t == DType::q4_k) {
+    block_q4_K b;
+    std::memcpy(&b, blk, sizeof b);
+    for (int v = 0; v < 32; ++v) std::memcpy(sb16 + 64 * v + 4 * l, b.qs + 4 * v, 4);
+    uint8_t sc[8], mn[8];
+    k4_unpack(b.scales, sc, mn);
+    for (int j = 0; j < 8; ++j) {
+      sb16[kQ4Sc + 16 * j + l] = sc[j];
+      sb16[kQ4Mn + 16 * j + l] = mn[j];
+    }
+    std::memcpy(sb16 + kQ4D + 2 * l, &b.d, 2);
+    std::memcpy(sb16 + kQ4Dmin + 2 * l, &b.dmin, 2);
+    return;
+  }
+  block_q6_K b;
+  std::memcpy(&b, blk, sizeof b);
+  uint8_t q[256];
+  q6_unpack(b, q);
+  for (int e = 0; e < 256; ++e) {
+    const int hi = (e % 64) / 32;
+    sb16[q6_ql(e, l)] |= (uint8_t)((q[e] & 15) << (4 * hi));
+    sb16[q6_qh(e, l)] |= (uint8_t)((q[e] >> 4) << (2 * q6_slot(e)));
+  }
+  for (int k = 0; k < 16; ++k) sb16[kQ6Sc + 16 * k + l] = (uint8_t)b.scales[k];
+  std::memcpy(sb16 + kQ6D + 2 * l, &b.d, 2);
+}
+
+void kx16_get(DType t, const uint8_t* sb16, int l, uint8_t* blk) {
+  if (t == DType::q4_k) {
+    block_q4_K b;
+    for (int v = 0; v < 32; ++v) std::memcpy(b.qs + 4 * v, sb16 + 64 * v + 4 * l, 4);
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = sb16[kQ4Sc + 16 * j + l];
+      mn[j] = sb16[kQ4Mn + 16 * j + l];
+    }
+    k4_pack(sc, mn, b.scales);
+    std::memcpy(&b.d, sb16 + kQ4D + 2 * l, 2);
+    std::memcpy(&b.dmin, sb16 + kQ4Dmin + 2 * l, 2);
+    std::memcpy(blk, &b, sizeof b);
+    return;
+  }
+  block_q6_K b;
+  uint8_t q[256];
+  for (int e = 0; e < 256; ++e) {
+    const int hi = (e % 64) / 32;
+    q[e] = (uint8_t)(((sb16[q6_ql(e, l)] >> (4 * hi)) & 15) | (((sb16[q6_qh(e, l)] >> (2 * q6_slot(e))) & 3) << 4));
+  }
+  q6_pack(q, b);
+  for (int k = 0; k < 16; ++k) b.scales[k] = (int8_t)sb16[kQ6Sc + 16 * k + l];
+  std::memcpy(&b.d, sb16 + kQ6D + 2 * l, 2);
+  std::memcpy(blk, &b, sizeof b);
+}
+
+}  // namespace serval::kernels::detail
