@@ -23,6 +23,12 @@ namespace {
 
 constexpr uintmax_t kMaxTextBytes = 256u << 20;
 
+void chunk_progress(int32_t done, int32_t total) {
+  std::fprintf(stderr, "\rchunk %d/%d", done, total);
+  if (done == total) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
 struct EvalFlags {
   std::string model, text;
   int ctx = 512, chunks = 0, threads = 0;
@@ -35,13 +41,17 @@ struct EvalFlags {
     app.add_option("--chunks", chunks, "at most this many chunks (0: all)")->check(CLI::Range(0, 1 << 20));
     app.add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
   }
+  int n_threads() const { return threads > 0 ? threads : ThreadPool::default_threads(); }
+  // Options for the library; progress on stderr only when it is a terminal.
+  quant::EvalOptions options(ThreadPool* pool) const {
+    quant::EvalOptions o;
+    o.n_ctx = ctx;
+    o.max_chunks = chunks;
+    o.pool = pool;
+    if (isatty(STDERR_FILENO)) o.progress = chunk_progress;
+    return o;
+  }
 };
-
-void chunk_progress(int32_t done, int32_t total) {
-  std::fprintf(stderr, "\rchunk %d/%d", done, total);
-  if (done == total) std::fputc('\n', stderr);
-  std::fflush(stderr);
-}
 
 // Reads and tokenizes the text; empty optional after printing the error.
 std::optional<std::vector<int32_t>> text_tokens(const std::string& cmd, const std::string& path, const Tokenizer& tok) {
@@ -81,10 +91,9 @@ int cmd_perplexity(int argc, char** argv) {
 
   auto lm = load_model(cmd, fl.model);
   if (!lm) return 2;
+  ThreadPool pool(fl.n_threads());
+  const quant::EvalOptions opt = fl.options(&pool);
   std::vector<int32_t> chunked;
-  quant::EvalOptions opt;
-  opt.n_ctx = fl.ctx;
-  opt.max_chunks = fl.chunks;
   if (!fl.text.empty()) {
     auto toks = text_tokens(cmd, fl.text, *lm->tok);
     if (!toks) return 2;
@@ -92,9 +101,6 @@ int cmd_perplexity(int argc, char** argv) {
     if (!c.ok()) return fail(cmd, c.status().message());
     chunked = std::move(c.value());
   }
-  ThreadPool pool(fl.threads > 0 ? fl.threads : ThreadPool::default_threads());
-  opt.pool = &pool;
-  if (isatty(STDERR_FILENO)) opt.progress = chunk_progress;
 
   if (kld) {
     auto r = quant::kl_divergence(*lm->model, base, opt, chunked);
@@ -125,16 +131,12 @@ int cmd_imatrix(int argc, char** argv) {
 
   auto lm = load_model(cmd, fl.model);
   if (!lm) return 2;
-  quant::EvalOptions opt;
-  opt.n_ctx = fl.ctx;
-  opt.max_chunks = fl.chunks;
+  ThreadPool pool(fl.n_threads());
+  const quant::EvalOptions opt = fl.options(&pool);
   auto toks = text_tokens(cmd, fl.text, *lm->tok);
   if (!toks) return 2;
   auto chunked = quant::chunk_tokens(*toks, *lm->model, opt);
   if (!chunked.ok()) return fail(cmd, chunked.status().message());
-  ThreadPool pool(fl.threads > 0 ? fl.threads : ThreadPool::default_threads());
-  opt.pool = &pool;
-  if (isatty(STDERR_FILENO)) opt.progress = chunk_progress;
   quant::ImatrixCollector collector(*lm->model);
   auto r = quant::perplexity(*lm->model, *chunked, opt, "", &collector);
   if (!r.ok()) return fail(cmd, r.status().message(), 1);
