@@ -196,11 +196,17 @@ Expected<KlResult> kl_divergence(const Model& model, const std::string& base_pat
   if ((int64_t)n_vocab != model.config().n_vocab)
     return invalid_argument(ctx + ": vocab of " + std::to_string(n_vocab) + " tokens, the model has " +
                             std::to_string(model.config().n_vocab));
+  if (n_ctx > (1u << 24)) return invalid_file(ctx + ": n_ctx " + std::to_string(n_ctx) + " out of range");
   SERVAL_RETURN_IF_ERROR(check_ctx(model, (int32_t)n_ctx).with_context(ctx));
+  // Bounded before any product below, so none overflows: <= 2^20 chunks of <= 2^24 tokens.
+  if (n_chunks < 1 || n_chunks > (1u << 20))
+    return invalid_file(ctx + ": chunk count " + std::to_string(n_chunks) + " out of range");
   const uint64_t row_bytes = 8 + 2ull * n_vocab;
   const uint64_t n_tok = (uint64_t)n_chunks * n_ctx;
+  if (4 * n_tok > f->size()) return invalid_file(ctx + ": truncated (the tokens do not fit)");
+  // Now n_chunks * scored <= n_tok <= size / 4, so `want` cannot overflow.
   const uint64_t want = kHeaderBytes + 4 * n_tok + (uint64_t)n_chunks * scored_per_chunk((int32_t)n_ctx) * row_bytes;
-  if (n_chunks < 1 || n_chunks > (1u << 20) || f->size() != want)
+  if (f->size() != want)
     return invalid_file(ctx + ": " + std::to_string(f->size()) + " bytes, expected " + std::to_string(want) +
                         " for " + std::to_string(n_chunks) + " chunks");
   std::vector<int32_t> tokens(n_tok);
