@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <random>
 #include <unistd.h>
@@ -174,6 +176,18 @@ TEST(KlDivergence, QuantizedStoriesAgainstF32) {
   std::vector<int32_t> other = *chunked;
   other[5] = (other[5] + 1) % 512;
   EXPECT_FALSE(kl_divergence(*m, base, options(), other).ok());
+  // Truncated or forged files are refused before anything is read past the header.
+  std::ifstream in(base, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bad = temp_path("bad.kl");
+  std::ofstream(bad, std::ios::binary).write(bytes.data(), (std::streamsize)(bytes.size() / 2));
+  EXPECT_FALSE(kl_divergence(*m, bad, options()).ok());
+  std::string forged = bytes;
+  const uint32_t huge = 0xFFFFFFF0u;
+  std::memcpy(forged.data() + 16, &huge, 4);  // n_chunks
+  std::ofstream(bad, std::ios::binary | std::ios::trunc).write(forged.data(), (std::streamsize)forged.size());
+  EXPECT_FALSE(kl_divergence(*m, bad, options()).ok());
+  std::remove(bad.c_str());
   std::remove(base.c_str());
 }
 
