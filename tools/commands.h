@@ -11,5 +11,8 @@ int cmd_gguf(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_bench_grammar(int argc, char** argv);  // serval bench grammar
 int cmd_serve(int argc, char** argv);
+int cmd_quantize(int argc, char** argv);
+int cmd_imatrix(int argc, char** argv);
+int cmd_perplexity(int argc, char** argv);
 
 }  // namespace serval::cli

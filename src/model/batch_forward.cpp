@@ -108,6 +108,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
                         x_.data() + i * dim, dim);
 
   auto mm = [&](const Matrix& m, const float* in, int64_t rows_n, float* out) {
+    if (observer_) (*observer_)(m, in, rows_n);
     if (m.packed) kernels::matmul(*m.packed, in, rows_n, out, pool_);
     else kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool_);
   };

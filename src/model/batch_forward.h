@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "kv_cache/kv_storage.h"
+#include "model/matmul_observer.h"
 #include "model/model.h"
 #include "serval/types.h"
 
@@ -51,12 +52,17 @@ class BatchForward {
   // sequence with want_hidden, in batch order.
   Status forward(const Batch& batch, std::vector<float>* logits, std::vector<float>* hidden = nullptr);
 
+  // Calls `obs` with the input of every matrix product from now on (nullptr:
+  // none, the default). The observer must outlive its use.
+  void set_observer(const MatmulObserver* obs) { observer_ = obs; }
+
  private:
   void ensure_capacity(int64_t n_tokens);
 
   const Model& model_;
   KvStorage& kv_;
   ThreadPool* pool_;
+  const MatmulObserver* observer_ = nullptr;
   // scratch, [n_tokens, ...]
   std::vector<float> x_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, hidden_, out_rows_;
 };

@@ -33,6 +33,7 @@ void ReferenceForward::truncate(int64_t n) {
 }
 
 void ReferenceForward::matvec(const Matrix& m, const float* x, float* y) {
+  if (observer_) (*observer_)(m, x, 1);
   const size_t stride = row_size(m.type, m.cols);
   auto rows = [&](int64_t begin, int64_t end) {
     ref::matvec(m.type, m.data + (size_t)begin * stride, end - begin, m.cols, x, y + begin);

@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "model/matmul_observer.h"
 #include "model/model.h"
 
 namespace serval {
@@ -36,11 +37,16 @@ class ReferenceForward {
   // Forgets positions >= n (rolls the cache back); n <= n_past().
   void truncate(int64_t n);
 
+  // Calls `obs` with the input of every matrix-vector product from now on
+  // (nullptr: none). The observer must outlive its use.
+  void set_observer(const MatmulObserver* obs) { observer_ = obs; }
+
  private:
   void matvec(const Matrix& m, const float* x, float* y);
 
   const Model& model_;
   ThreadPool* pool_;
+  const MatmulObserver* observer_ = nullptr;
   int64_t n_ctx_;
   int64_t n_past_ = 0;
   std::vector<float> k_cache_, v_cache_;  // [n_layers, n_ctx, kv_dim]

@@ -225,3 +225,44 @@ TEST(Cli, SearchDecodingFlags) {
   EXPECT_EQ(count_lines(bad.err), 1u) << bad.err;
   EXPECT_NE(bad.err.find("num_beam_groups"), std::string::npos) << bad.err;
 }
+
+// serval quantize / imatrix / perplexity end to end on stories260K (the text:
+// Debian's GPL-3, present on every Debian system), and their refusals in one line.
+TEST(Cli, QuantizeImatrixPerplexity) {
+  const std::string dir = ::testing::TempDir() + "/serval_cli_q" + std::to_string(getpid());
+  const std::string text = "/usr/share/common-licenses/GPL-3";
+  const std::string im = dir + "_im.dat", q8 = dir + "_q8.gguf", q4 = dir + "_q4km.gguf", base = dir + "_base.kl";
+  Result r = run("imatrix -m " + kStories + " -f " + text + " -o " + im + " --ctx 128 --chunks 2 -t 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("PPL:"), std::string::npos) << r.out;
+  r = run("quantize " + kStories + " " + q4 + " q4_k_m --imatrix " + im + " -t 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1u) << "no progress spam when stderr is not a terminal:\n" << r.err;
+  EXPECT_NE(r.err.find("with imatrix"), std::string::npos) << r.err;
+  auto f = serval::gguf::GgufFile::open(q4);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->get_uint("general.file_type").value(), 15u);
+  EXPECT_EQ(f->get_string("quantize.imatrix.file").value(), im);
+  ASSERT_EQ(run("quantize " + kStories + " " + q8 + " Q8_0 -t 1").status, 0);
+
+  r = run("perplexity -m " + kStories + " -f " + text + " --ctx 128 --chunks 2 -t 1 --kl-divergence-base " + base);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("PPL:"), std::string::npos) << r.out;
+  r = run("perplexity -m " + q8 + " --kl-divergence-base " + base + " --kl-divergence -t 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("Mean KLD:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Same top p:"), std::string::npos) << r.out;
+
+  expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf Q9_9", "unknown type 'Q9_9' (valid: Q8_0");
+  expect_usage_error("quantize " + q8 + " " + dir + "_x.gguf Q4_0", "already quantized");
+  expect_usage_error("quantize /nonexistent.gguf " + dir + "_x.gguf Q4_0", "no such file");
+  expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf Q4_0 --imatrix /nonexistent.dat", "no such file");
+  expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf Q4_0 --imatrix " + kStories, "GGUF imatrix");
+  expect_usage_error("perplexity -m " + kStories, "--file");
+  expect_usage_error("perplexity -m " + kStories + " -f /nonexistent.txt", "cannot read text file");
+  expect_usage_error("perplexity -m " + kStories + " --kl-divergence", "--kl-divergence-base");
+  expect_usage_error("perplexity -m " + kStories + " --kl-divergence --kl-divergence-base " + text, "bad magic");
+  expect_usage_error("perplexity -m " + kStories + " -f " + kShared + "/DESIGN.md --ctx 4096", "context size");
+  expect_usage_error("imatrix -m " + kStories + " -f " + text, "--output");
+  for (const auto& p : {im, q8, q4, base}) std::remove(p.c_str());
+}
