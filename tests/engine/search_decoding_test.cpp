@@ -56,8 +56,8 @@ struct Result {
   FinishReason finish = FinishReason::none;
 };
 
-std::vector<Result> run(Engine& e, const Request& r) {
-  auto s = e.submit(r);
+// Collects a submitted request's n results (waits up to 30 s).
+std::vector<Result> drain(const Expected<std::shared_ptr<RequestStream>>& s, const Request& r) {
   EXPECT_TRUE(s.ok()) << s.status().message();
   if (!s.ok()) return {};
   std::vector<Result> out((size_t)r.n);
@@ -75,6 +75,8 @@ std::vector<Result> run(Engine& e, const Request& r) {
   EXPECT_TRUE((*s)->done()) << "request did not finish";
   return out;
 }
+
+std::vector<Result> run(Engine& e, const Request& r) { return drain(e.submit(r), r); }
 
 void expect_pool_empty(Engine& e) {
   for (int i = 0; i < 400 && e.stats().kv_blocks_used > 0; ++i)
@@ -560,10 +562,12 @@ TEST(SearchDecoding, SearchesCrowdingEachOtherAllFinish) {
     for (const Request& r : reqs) alone.push_back(run(*e, r));
   }
   auto e = make_engine(cfg);
+  // All six are queued before the first has gone far (a submit takes
+  // microseconds, a search step milliseconds), so their beams must crowd.
+  std::vector<Expected<std::shared_ptr<RequestStream>>> streams;
+  for (const Request& r : reqs) streams.push_back(e->submit(r));
   std::vector<std::vector<Result>> together(reqs.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < reqs.size(); ++i) threads.emplace_back([&, i] { together[i] = run(*e, reqs[i]); });
-  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < reqs.size(); ++i) together[i] = drain(streams[i], reqs[i]);
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_EQ(together[i].size(), alone[i].size()) << i;
     for (size_t k = 0; k < alone[i].size(); ++k) EXPECT_EQ(together[i][k].tokens, alone[i][k].tokens) << i << " " << k;
