@@ -171,14 +171,8 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
   const auto tr = dtype_traits(t);
   SERVAL_ASSERT(tr.has_value() && cols >= 0 && cols % tr->block_size == 0);
 
-  detail::MatmulTask task;
-  task.w = static_cast<const uint8_t*>(w);
-  task.w_stride = row_size(t, cols);
-  task.rows = rows;
-  task.cols = cols;
-  task.x = x;
-  task.n = n;
-  task.y = y;
+  detail::MatmulTask task{.w = static_cast<const uint8_t*>(w), .w_stride = row_size(t, cols), .rows = rows,
+                          .cols = cols, .x = x, .n = n, .y = y};
   const bool parallel = pool != nullptr && pool->n_threads() > 1;
 
   // Quantize the activation rows once for the whole call (row by row: the
@@ -316,14 +310,8 @@ void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPo
     else work(0, rows);
     return;
   }
-  detail::MatmulTask task;
-  task.w = w.data();
-  task.w_stride = w.group_bytes();
-  task.rows = rows;
-  task.cols = cols;
-  task.x = x;
-  task.n = n;
-  task.y = y;
+  detail::MatmulTask task{.w = w.data(), .w_stride = w.group_bytes(), .rows = rows, .cols = cols, .x = x, .n = n,
+                          .y = y};
   const bool parallel = pool != nullptr && pool->n_threads() > 1;
   if (k.act == detail::ActKind::f32) {
     run_rows(k.fn, task, parallel ? pool : nullptr);
