@@ -1,4 +1,4 @@
-// serval perplexity -m MODEL -f TEXT [--ctx N] [--chunks N] [-t N]
+// serval perplexity -m MODEL -f TEXT [--ctx N] [--chunks N] [-t N] [--kv-type T]
 //                   [--kl-divergence-base FILE [--kl-divergence]]
 // serval imatrix -m MODEL -f TEXT -o FILE [--ctx N] [--chunks N] [-t N]
 //
@@ -15,6 +15,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "common/thread_pool.h"
+#include "kv_type_flag.h"
 #include "load_model.h"
 #include "quantize/perplexity.h"
 
@@ -32,6 +33,7 @@ void chunk_progress(int32_t done, int32_t total) {
 struct EvalFlags {
   std::string model, text;
   int ctx = 512, chunks = 0, threads = 0;
+  KvType kv_type = KvType::f32;
 
   void add(CLI::App& app, bool text_required) {
     app.add_option("-m,--model", model, "GGUF model file")->required();
@@ -40,6 +42,7 @@ struct EvalFlags {
     app.add_option("-c,--ctx", ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 16));
     app.add_option("--chunks", chunks, "at most this many chunks (0: all)")->check(CLI::Range(0, 1 << 20));
     app.add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
+    cli::add_kv_type_option(app, &kv_type);
   }
   int n_threads() const { return threads > 0 ? threads : ThreadPool::default_threads(); }
   // Options for the library; progress on stderr only when it is a terminal.
@@ -47,6 +50,7 @@ struct EvalFlags {
     quant::EvalOptions o;
     o.n_ctx = ctx;
     o.max_chunks = chunks;
+    o.kv_type = kv_type;
     o.pool = pool;
     if (isatty(STDERR_FILENO)) o.progress = chunk_progress;
     return o;

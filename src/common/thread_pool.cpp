@@ -1,29 +1,60 @@
 #include "common/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <string>
 
 namespace serval {
+namespace {
+
+constexpr int kMaxThreads = 1 << 15;  // chunks must fit the ticket's 16 bits
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Polls done() for about ThreadPool::kSpinMicros; true as soon as it holds.
+// Every few microseconds it yields the core, so that when the machine has more
+// runnable threads than cores (parallel test runs, a busy host) the thread we
+// are waiting for gets scheduled instead of losing its core to our polling.
+template <typename Done>
+bool spin_until(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(ThreadPool::kSpinMicros);
+  for (;;) {
+    for (int i = 0; i < 32; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::yield();
+  }
+}
+
+void run_chunk(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int chunks, int index) {
+  const int64_t begin = n * index / chunks, end = n * (index + 1) / chunks;
+  if (begin < end) fn(begin, end);
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
-  n_threads = std::max(1, n_threads);
+  n_threads = std::clamp(n_threads, 1, kMaxThreads);
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
 ThreadPool::~ThreadPool() {
+  stop_.store(true);
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
   }
   cv_work_.notify_all();
   for (auto& t : workers_) t.join();
-}
-
-static void run_chunk(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int chunks, int index) {
-  const int64_t begin = n * index / chunks, end = n * (index + 1) / chunks;
-  if (begin < end) fn(begin, end);
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain) {
@@ -34,40 +65,55 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    fn_ = &fn;
-    n_ = n;
-    n_chunks_ = chunks;
-    pending_ = chunks - 1;
-    ++generation_;
+  fn_ = &fn;
+  n_ = n;
+  pending_.store(chunks - 1, std::memory_order_relaxed);
+  ++generation_;
+  // seq_cst store, then seq_cst load of sleepers_: a worker going to sleep
+  // increments sleepers_ and then re-reads ticket_, so either it sees this
+  // ticket or we see it asleep and wake it.
+  ticket_.store(generation_ << 16 | (uint64_t)chunks);
+  if (sleepers_.load() > 0) {
+    { std::lock_guard<std::mutex> lk(mu_); }
+    cv_work_.notify_all();
   }
-  cv_work_.notify_all();
   run_chunk(fn, n, chunks, 0);
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return pending_ == 0; });
+  wait_done();
   fn_ = nullptr;
 }
 
+void ThreadPool::wait_done() {
+  if (spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) return;
+  caller_waiting_.store(true);  // seq_cst: pairs with the workers' fetch_sub + load
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, [&] { return pending_.load() == 0; });
+  }
+  caller_waiting_.store(false, std::memory_order_relaxed);
+}
+
 void ThreadPool::worker_loop(int index) {
-  uint64_t seen = 0;
+  uint64_t seen = 0;  // generation of the last job this worker looked at
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* fn;
-    int64_t n;
-    int chunks;
-    {
+    uint64_t t = 0;
+    auto fresh = [&] {
+      t = ticket_.load();
+      return (t >> 16) != seen || stop_.load(std::memory_order_relaxed);
+    };
+    if (!spin_until(fresh)) {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_work_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      fn = fn_;
-      n = n_;
-      chunks = n_chunks_;
+      sleepers_.fetch_add(1);  // seq_cst: see parallel_for
+      cv_work_.wait(lk, fresh);
+      sleepers_.fetch_sub(1);
     }
-    if (index < chunks) {
-      run_chunk(*fn, n, chunks, index);
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+    if (stop_.load()) return;
+    seen = t >> 16;
+    const int chunks = (int)(t & 0xffff);
+    if (index >= chunks) continue;
+    run_chunk(*fn_, n_, chunks, index);
+    if (pending_.fetch_sub(1) == 1 && caller_waiting_.load()) {
+      { std::lock_guard<std::mutex> lk(mu_); }
+      cv_done_.notify_one();
     }
   }
 }

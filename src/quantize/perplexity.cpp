@@ -27,9 +27,11 @@ int32_t scored_per_chunk(int32_t n_ctx) { return n_ctx - 1 - first_scored(n_ctx)
 // positions [first, n_ctx - 1) as rows of n_vocab.
 class ChunkRunner {
  public:
-  static Expected<std::unique_ptr<ChunkRunner>> create(const Model& m, int32_t n_ctx, ThreadPool* pool) {
+  static Expected<std::unique_ptr<ChunkRunner>> create(const Model& m, int32_t n_ctx, KvType kv_type,
+                                                       ThreadPool* pool) {
     const ModelConfig& c = m.config();
-    KvGeometry g{(int32_t)c.n_layers, (int32_t)c.kv_dim(), kBlock};
+    if (std::string why = kv_type_check(kv_type, c.head_dim); !why.empty()) return invalid_argument(why);
+    KvGeometry g{(int32_t)c.n_layers, (int32_t)c.kv_dim(), kBlock, kv_type};
     auto kv = KvStorage::create(g, (n_ctx + kBlock - 1) / kBlock);
     if (!kv.ok()) return kv.status();
     return std::unique_ptr<ChunkRunner>(new ChunkRunner(m, std::move(kv.value()), n_ctx, pool));
@@ -131,7 +133,7 @@ Expected<PerplexityResult> perplexity(const Model& model, const std::vector<int3
   const int32_t n_chunks = (int32_t)(chunked.size() / (size_t)n_ctx);
   if (n_chunks < 1 || chunked.size() % (size_t)n_ctx != 0)
     return invalid_argument("token count " + std::to_string(chunked.size()) + " is not a whole number of chunks");
-  auto runner = ChunkRunner::create(model, n_ctx, opt.pool);
+  auto runner = ChunkRunner::create(model, n_ctx, opt.kv_type, opt.pool);
   if (!runner.ok()) return runner.status();
   if (imatrix) (*runner)->set_observer(imatrix->observer());
   const int64_t n_vocab = model.config().n_vocab;
@@ -218,7 +220,7 @@ Expected<KlResult> kl_divergence(const Model& model, const std::string& base_pat
 
   EvalOptions o = opt;
   o.n_ctx = (int32_t)n_ctx;
-  auto runner = ChunkRunner::create(model, o.n_ctx, o.pool);
+  auto runner = ChunkRunner::create(model, o.n_ctx, o.kv_type, o.pool);
   if (!runner.ok()) return runner.status();
   Stat nll, nll_base, dnll, kl, top1;
   std::vector<double> kls;

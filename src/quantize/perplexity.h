@@ -29,12 +29,14 @@
 #include "common/thread_pool.h"
 #include "model/model.h"
 #include "quantize/imatrix.h"
+#include "tensor/kv_type.h"
 
 namespace serval::quant {
 
 struct EvalOptions {
   int32_t n_ctx = 512;        // tokens per chunk (>= 16, <= the model's context)
   int32_t max_chunks = 0;     // 0: all whole chunks of the text
+  KvType kv_type = KvType::f32;  // element type of the KV cache the chunks run with
   ThreadPool* pool = nullptr;
   // Called after each chunk: chunks done / total.
   std::function<void(int32_t, int32_t)> progress;

@@ -252,7 +252,17 @@ TEST(Cli, QuantizeImatrixPerplexity) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("Mean KLD:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Same top p:"), std::string::npos) << r.out;
+  // The same F32 model with an F16 KV cache against its own F32-cache logits:
+  // F16 rounding of K/V moves the distribution, but by far less than Q8_0 weights.
+  r = run("perplexity -m " + kStories + " --kl-divergence-base " + base + " --kl-divergence -t 1 --kv-type f16");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const size_t at = r.out.find("Mean KLD: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const double kl_f16 = std::stod(r.out.substr(at + 10));
+  EXPECT_GE(kl_f16, 0.0);
+  EXPECT_LT(kl_f16, 1e-3) << r.out;
 
+  expect_usage_error("perplexity -m " + kStories + " -f " + text + " --kv-type q8_0", "multiple of 32");
   expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf Q9_9", "unknown type 'Q9_9' (valid: Q8_0");
   expect_usage_error("quantize " + q8 + " " + dir + "_x.gguf Q4_0", "already quantized");
   expect_usage_error("quantize /nonexistent.gguf " + dir + "_x.gguf Q4_0", "no such file");
