@@ -6,7 +6,7 @@
 // back into the pool. With n_threads == 1 everything runs on the caller.
 //
 // Hand-off is spin-then-sleep: after a chunk a worker polls for the next
-// parallel_for for about kSpinMicros before it blocks on a condition variable,
+// parallel_for for about kSpinMicros (30 µs) before it blocks on a condition variable,
 // and the caller polls for the workers' completion the same way. A decode step
 // issues a few hundred parallel_fors a few microseconds apart, so the workers
 // stay hot for the whole step (a hand-off costs a cache-line transfer, not a
@@ -39,7 +39,7 @@ class ThreadPool {
   static int default_threads();
 
   // How long a thread polls before it sleeps.
-  static constexpr int kSpinMicros = 100;
+  static constexpr int kSpinMicros = 30;
 
  private:
   void worker_loop(int index);
