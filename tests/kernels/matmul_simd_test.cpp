@@ -810,20 +810,23 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
       SCOPED_TRACE(dtype_name(ty));
       const Weights w = random_weights(ty, rows, cols, (uint64_t)(rows * cols));
       const auto p = kernels::PackedMatrix::pack(ty, w.data.data(), rows, cols);
-      const auto x = activations(19, cols, 7);  // 19 = two tiles of 8, then 2 and 1
-      const auto model = packed_model(w, x, 19);
+      // 19 rows take the L1-accumulator path (<= 32); 45 the register tiles
+      // of prefill (two row groups x 6, then 3 -> 2 + 1 and a lone group).
+      for (int64_t n : {19, 45}) {
+      const auto x = activations(n, cols, 7);
+      const auto model = packed_model(w, x, n);
       for (Isa isa : levels()) {
         ASSERT_EQ(kernels::set_isa(isa), isa);
         if (isa == Isa::ref) {
           // The reference path: F32 dots of the dequantized rows, as for the stored rows.
-          EXPECT_EQ(run_packed(p, x, 19), run(w, x, 19)) << "rows " << rows << " cols " << cols;
+          EXPECT_EQ(run_packed(p, x, n), run(w, x, n)) << "rows " << rows << " cols " << cols;
           continue;
         }
-        const auto y = run_packed(p, x, 19);
+        const auto y = run_packed(p, x, n);
         EXPECT_EQ(std::memcmp(y.data(), model.data(), y.size() * 4), 0)
             << isa_name(isa) << " rows " << rows << " cols " << cols;
-        EXPECT_EQ(run_packed(p, x, 19, &pool2), y) << isa_name(isa);
-        EXPECT_EQ(run_packed(p, x, 19, &pool3), y) << isa_name(isa);
+        EXPECT_EQ(run_packed(p, x, n, &pool2), y) << isa_name(isa);
+        EXPECT_EQ(run_packed(p, x, n, &pool3), y) << isa_name(isa);
         // Batch invariance: each row alone, and among others.
         const auto others = activations(4, cols, 99);
         for (int64_t i : {0, 8, 17, 18}) {
@@ -839,6 +842,7 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
           EXPECT_EQ(std::memcmp(y5.data() + 2 * rows, y.data() + i * rows, (size_t)rows * 4), 0)
               << isa_name(isa) << " n=5 row " << i;
         }
+      }
       }
     }
   }
