@@ -810,9 +810,9 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
       SCOPED_TRACE(dtype_name(ty));
       const Weights w = random_weights(ty, rows, cols, (uint64_t)(rows * cols));
       const auto p = kernels::PackedMatrix::pack(ty, w.data.data(), rows, cols);
-      // 19 rows take the L1-accumulator path (<= 32); 45 the register tiles
-      // of prefill (two row groups x 6, then 3 -> 2 + 1 and a lone group).
-      for (int64_t n : {19, 45}) {
+      // 3 rows take the decode tiles (2 + 1); 19 and 45 the prefill tiles
+      // (two row groups x 6, tails 1 and 3 -> 2 + 1, and a lone last group).
+      for (int64_t n : {3, 19, 45}) {
       const auto x = activations(n, cols, 7);
       const auto model = packed_model(w, x, n);
       for (Isa isa : levels()) {
@@ -829,7 +829,8 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
         EXPECT_EQ(run_packed(p, x, n, &pool3), y) << isa_name(isa);
         // Batch invariance: each row alone, and among others.
         const auto others = activations(4, cols, 99);
-        for (int64_t i : {0, 8, 17, 18}) {
+        for (int64_t i : {0, 2, 8, 17, 18}) {
+          if (i >= n) continue;
           const float* xi = x.data() + i * cols;
           std::vector<float> x1(xi, xi + cols);
           const auto y1 = run_packed(p, x1, 1, &pool2);
