@@ -128,7 +128,7 @@ void run_rows(detail::MatmulRowsFn fn, const detail::MatmulTask& task, ThreadPoo
   }
   const int64_t units = (rows + kUnit - 1) / kUnit;
   const int64_t per_unit = std::max<int64_t>(1, kUnit * task.cols * task.n);
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / per_unit);
+  const int64_t grain = std::max<int64_t>(1, kMinChunkMacs / per_unit);
   pool->parallel_for(
       units, [&](int64_t u0, int64_t u1) { fn(task, u0 * kUnit, std::min(rows, u1 * kUnit)); }, grain);
 }

@@ -32,6 +32,11 @@
 
 namespace serval::kernels {
 
+// The least work (multiply-adds) worth one parallel_for chunk: below it a
+// hand-off to another thread costs more than the work. Used as the grain of
+// every kernel split (matmul rows here, attention tasks in the forward).
+inline constexpr int64_t kMinChunkMacs = int64_t(1) << 18;
+
 // Y[i, r] = dot(W[r, :], X[i, :]) for i < n, r < rows. W is [rows, cols] of type
 // t (row_size(t, cols) bytes per row); X is [n, cols] F32; Y is [n, rows] F32.
 // cols must be a multiple of t's block size. Each weight row (tile) is read once

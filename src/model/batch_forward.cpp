@@ -112,10 +112,9 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     if (m.packed) kernels::matmul(*m.packed, in, rows_n, out, pool_);
     else kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool_);
   };
-  // Runs fn over [0, count) on the pool, or on this thread alone when
-  // `parallel` is false (too little work to pay for a hand-off).
-  auto par = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn, bool parallel = true) {
-    if (pool_ && parallel) pool_->parallel_for(count, fn);
+  // Runs fn over [0, count) on the pool, in chunks of at least `grain` items.
+  auto par = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1) {
+    if (pool_) pool_->parallel_for(count, fn, grain);
     else fn(0, count);
   };
   const float scale = 1.0f / std::sqrt((float)hd);
@@ -146,6 +145,15 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     for (size_t i = 0, lo = 0, hi = by_cost.size(); lo < hi; ++i)
       tiles[i] = (i % 2 == 0) ? by_cost[lo++] : by_cost[--hi];
   }
+
+  // Attention tasks per pool chunk: at least kernels::kMinChunkMacs of work
+  // each (the same in every layer), so a tiny model or a short context stays
+  // on this thread.
+  int64_t attn_macs = 0;
+  for (const Tile& tl : tiles) attn_macs += (int64_t)tl.m * (tok_pos[(size_t)tl.tok] + tl.m) * hd * 2 * c.n_heads;
+  const int64_t attn_tasks = (int64_t)tiles.size() * c.n_kv_heads;
+  const int64_t attn_grain =
+      attn_macs > 0 ? std::max<int64_t>(1, kernels::kMinChunkMacs * attn_tasks / attn_macs) : attn_tasks;
 
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const LayerWeights& l = w.layers[(size_t)il];
@@ -202,11 +210,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       });
     } else {
       // One task per (tile, KV head): each reads its K/V positions once for
-      // all of the tile's tokens and query heads. Below ~2^17 multiply-adds in
-      // all (a tiny model, or a short context) the caller does it alone: a
-      // hand-off would cost more than it saves.
-      int64_t attn_macs = 0;
-      for (const Tile& tl : tiles) attn_macs += (int64_t)tl.m * (tok_pos[(size_t)tl.tok] + tl.m) * hd * 2 * c.n_heads;
+      // all of the tile's tokens and query heads.
       par((int64_t)tiles.size() * c.n_kv_heads, [&](int64_t b, int64_t e) {
         for (int64_t w = b; w < e; ++w) {
           const Tile& tl = tiles[(size_t)(w / c.n_kv_heads)];
@@ -226,7 +230,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
           t.out_stride = q_dim;
           kernels::attention_tile(t);
         }
-      }, attn_macs >= (int64_t(1) << 17));
+      }, attn_grain);
     }
     mm(l.wo, attn_.data(), n, proj_.data());
     for (int64_t i = 0; i < n * dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
