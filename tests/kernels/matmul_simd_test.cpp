@@ -100,7 +100,8 @@ Weights random_weights(DType t, int64_t rows, int64_t cols, uint64_t seed) {
     for (int64_t b = 0; b < cols / tr.block_size; ++b) {
       uint8_t* blk = row + (size_t)b * tr.type_size;
       switch (t) {
-        case DType::q4_0: case DType::q8_0: case DType::iq4_nl: put16(blk, f16(-0.02, 0.02)); break;
+        case DType::q4_0: case DType::q8_0: case DType::iq4_nl: case DType::q5_0: put16(blk, f16(-0.02, 0.02)); break;
+        case DType::q4_1: case DType::q5_1: put16(blk, f16(-0.02, 0.02)); put16(blk + 2, f16(-0.3, 0.3)); break;
         case DType::q4_k: case DType::q5_k: put16(blk, f16(0.0, 0.002)); put16(blk + 2, f16(0.0, 0.002)); break;
         case DType::q6_k: put16(blk + 208, f16(-0.001, 0.001)); break;
         case DType::f16: put16(blk, f16(-1, 1)); break;
@@ -124,14 +125,15 @@ std::vector<float> run(const Weights& w, const std::vector<float>& x, int64_t n,
   return y;
 }
 
-const DType kFastTypes[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_k, DType::q5_k,
-                            DType::q6_k, DType::f16,  DType::bf16,   DType::f32};
+const DType kFastTypes[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_1, DType::q5_0, DType::q5_1,
+                            DType::q4_k, DType::q5_k, DType::q6_k,   DType::f16,  DType::bf16, DType::f32};
 // Types without a fast path: they must still work (the ref path) at every level.
-const DType kFallbackTypes[] = {DType::q4_1, DType::q5_0, DType::q5_1, DType::q2_k, DType::q3_k};
+const DType kFallbackTypes[] = {DType::q2_k, DType::q3_k};
 
 int64_t act_block(DType t) {
   switch (t) {
-    case DType::q4_0: case DType::q8_0: case DType::iq4_nl: return 32;
+    case DType::q4_0: case DType::q8_0: case DType::iq4_nl: case DType::q4_1: case DType::q5_0: case DType::q5_1:
+      return 32;
     case DType::q4_k: case DType::q5_k: case DType::q6_k: return 256;
     default: return 0;  // F32 activations
   }

@@ -197,6 +197,20 @@ struct Avx2 {
   static SERVAL_SIMD_INLINE I bytes1(const int8_t* a) {
     return {_mm256_loadu_si256((const __m256i*)a), _mm256_setzero_si256()};
   }
+  static SERVAL_SIMD_INLINE I ior(I a, I b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+  // Bit j of the 32-bit little-endian word at a -> byte j = 0x10, else 0.
+  static SERVAL_SIMD_INLINE __m256i hbits32(const uint8_t* a) {
+    uint32_t x;
+    std::memcpy(&x, a, 4);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                            3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+  }
+  // Q5_0/Q5_1's fifth bits of blocks b (a) and b+1 (c), as simd_avx512.h.
+  static SERVAL_SIMD_INLINE I hbits2(const uint8_t* a, const uint8_t* c) { return {hbits32(a), hbits32(c)}; }
+  static SERVAL_SIMD_INLINE I hbits1(const uint8_t* a) { return {hbits32(a), _mm256_setzero_si256()}; }
   static SERVAL_SIMD_INLINE I xor80(I v) {
     const __m256i k = _mm256_set1_epi8((char)0x80);
     return {_mm256_xor_si256(v.lo, k), _mm256_xor_si256(v.hi, k)};

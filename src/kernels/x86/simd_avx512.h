@@ -203,6 +203,20 @@ struct Avx512 {
     return _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)a));
   }
   static SERVAL_SIMD_INLINE I xor80(I v) { return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); }
+  static SERVAL_SIMD_INLINE I ior(I a, I b) { return _mm512_or_si512(a, b); }
+  // Q5_0/Q5_1's fifth bits: the 32-bit little-endian words at a (block b) and
+  // c (block b+1), bit j -> byte j (of that block's 32) = 0x10, else 0.
+  static SERVAL_SIMD_INLINE I hbits2(const uint8_t* a, const uint8_t* c) {
+    uint32_t x, y;
+    std::memcpy(&x, a, 4);
+    std::memcpy(&y, c, 4);
+    return _mm512_maskz_mov_epi8((__mmask64)x | ((__mmask64)y << 32), _mm512_set1_epi8(0x10));
+  }
+  static SERVAL_SIMD_INLINE I hbits1(const uint8_t* a) {
+    uint32_t x;
+    std::memcpy(&x, a, 4);
+    return _mm512_maskz_mov_epi8((__mmask64)x, _mm512_set1_epi8(0x10));
+  }
   // Byte table lookup of nibbles v (0..15) in the 16-byte table t.
   static SERVAL_SIMD_INLINE I lookup16(const int8_t* t, I v) {
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)t)), v);
