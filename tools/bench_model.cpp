@@ -67,6 +67,7 @@ ModelFigures figures(const Model& m) {
 
 struct Test {
   int n_prompt = 0, n_gen = 0;
+  int n_depth = 0;  // tokens already in the context (prefilled, not timed)
   std::vector<double> seconds;  // measured runs
 };
 
@@ -93,18 +94,23 @@ class Runner {
   // One run of the test; returns seconds.
   Expected<double> run(const Test& t) {
     std::uniform_int_distribution<TokenId> tok(0, (TokenId)m_.config().n_vocab - 1);
-    const auto start = std::chrono::steady_clock::now();
     int64_t pos = 0;
     Batch b;
-    for (int done = 0; done < t.n_prompt;) {
-      const int n = std::min(ubatch_, t.n_prompt - done);
-      b.tokens.resize((size_t)n);
-      for (auto& x : b.tokens) x = tok(rng_);
-      b.seqs = {BatchSeq{pos, n, table_, done + n == t.n_prompt}};
-      SERVAL_RETURN_IF_ERROR(fwd_.forward(b, &logits_));
-      pos += n;
-      done += n;
-    }
+    auto prefill = [&](int count) -> Status {
+      for (int done = 0; done < count;) {
+        const int n = std::min(ubatch_, count - done);
+        b.tokens.resize((size_t)n);
+        for (auto& x : b.tokens) x = tok(rng_);
+        b.seqs = {BatchSeq{pos, n, table_, done + n == count}};
+        SERVAL_RETURN_IF_ERROR(fwd_.forward(b, &logits_));
+        pos += n;
+        done += n;
+      }
+      return Status{};
+    };
+    SERVAL_RETURN_IF_ERROR(prefill(t.n_depth));
+    const auto start = std::chrono::steady_clock::now();
+    SERVAL_RETURN_IF_ERROR(prefill(t.n_prompt));
     for (int i = 0; i < t.n_gen; ++i) {
       b.tokens = {tok(rng_)};
       b.seqs = {BatchSeq{pos, 1, table_, true}};
@@ -123,9 +129,13 @@ class Runner {
   std::vector<float> logits_;
 };
 
+// llama-bench's names: pp512, tg128, pp512 @ d4096.
 std::string test_name(const Test& t) {
-  if (t.n_prompt > 0 && t.n_gen > 0) return "pp" + std::to_string(t.n_prompt) + "+tg" + std::to_string(t.n_gen);
-  return t.n_prompt > 0 ? "pp" + std::to_string(t.n_prompt) : "tg" + std::to_string(t.n_gen);
+  std::string name = t.n_prompt > 0 && t.n_gen > 0 ? "pp" + std::to_string(t.n_prompt) + "+tg" + std::to_string(t.n_gen)
+                     : t.n_prompt > 0           ? "pp" + std::to_string(t.n_prompt)
+                                                : "tg" + std::to_string(t.n_gen);
+  if (t.n_depth > 0) name += " @ d" + std::to_string(t.n_depth);
+  return name;
 }
 
 }  // namespace
@@ -134,10 +144,12 @@ int cmd_bench_model(int argc, char** argv) {
   const std::string cmd = "serval bench model";
   CLI::App app("llama-bench's pp/tg tests through the batched forward", cmd);
   std::string model_path, format = "md";
-  int n_prompt = 512, n_gen = 128, reps = 5, threads = 0, ubatch = 512;
+  int n_prompt = 512, n_gen = 128, n_depth = 0, reps = 5, threads = 0, ubatch = 512;
   app.add_option("-m,--model", model_path, "GGUF model")->required();
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens of the pp test (0: none)")->check(CLI::Range(0, 65536));
   app.add_option("-n,--n-gen", n_gen, "generated tokens of the tg test (0: none)")->check(CLI::Range(0, 65536));
+  app.add_option("-d,--n-depth", n_depth, "tokens already in the context when each test starts (prefilled, not timed)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("-r,--repetitions", reps, "measured runs per test")->check(CLI::Range(1, 1000));
   app.add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
   app.add_option("-b,--ubatch", ubatch, "prompt tokens per forward call")->check(CLI::Range(1, 65536));
@@ -151,9 +163,9 @@ int cmd_bench_model(int argc, char** argv) {
   if (!loaded) return 2;
   const Model& m = *loaded->model;
   const ModelConfig& c = m.config();
-  const int64_t ctx = std::max(n_prompt, n_gen);
+  const int64_t ctx = (int64_t)n_depth + std::max(n_prompt, n_gen);
   if (c.n_ctx_train > 0 && ctx > c.n_ctx_train)
-    return fail(cmd, "-p/-n of " + std::to_string(ctx) + " exceed the model's context of " +
+    return fail(cmd, "-d plus -p/-n of " + std::to_string(ctx) + " exceed the model's context of " +
                          std::to_string(c.n_ctx_train));
   if (std::string why = kv_type_check(kv_type, c.head_dim); !why.empty()) return fail(cmd, why);
   const KvGeometry g{(int32_t)c.n_layers, (int32_t)c.kv_dim(), 16, kv_type};
@@ -166,8 +178,8 @@ int cmd_bench_model(int argc, char** argv) {
   const ModelFigures mf = figures(m);
 
   std::vector<Test> tests;
-  if (n_prompt > 0) tests.push_back({n_prompt, 0, {}});
-  if (n_gen > 0) tests.push_back({0, n_gen, {}});
+  if (n_prompt > 0) tests.push_back({n_prompt, 0, n_depth, {}});
+  if (n_gen > 0) tests.push_back({0, n_gen, n_depth, {}});
 
   const std::string backend = std::string("CPU (") + kernels::active_isa_name() + ")";
   const std::string model_type = c.arch.name + " " + mf.type_name;
@@ -210,6 +222,7 @@ int cmd_bench_model(int argc, char** argv) {
                    {"n_ubatch", ubatch},
                    {"n_prompt", t.n_prompt},
                    {"n_gen", t.n_gen},
+                   {"n_depth", t.n_depth},
                    {"avg_ns", (uint64_t)mean_of(ns)},
                    {"stddev_ns", (uint64_t)stddev_of(ns)},
                    {"avg_ts", avg},
