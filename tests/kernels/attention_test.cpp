@@ -235,7 +235,10 @@ std::vector<float> random_q(int64_t n, uint32_t seed) {
 // mask gives errors of order 0.1.
 TEST(AttentionTile, EveryLevelAndKvTypeMatchesTheOracle) {
   IsaGuard guard;
-  const Shape shapes[] = {{8, 2, 64, 16, 183, 37}, {4, 4, 32, 7, 0, 20}, {6, 2, 40, 16, 40, 3}};
+  // Groups of 4, 1, 3, 8 and 5 query heads per KV head (the AVX-512 kernel
+  // takes up to 4 at a time, AVX2 one), head_dim with and without a tail.
+  const Shape shapes[] = {{8, 2, 64, 16, 183, 37}, {4, 4, 32, 7, 0, 20}, {6, 2, 40, 16, 40, 3},
+                          {16, 2, 24, 16, 50, 5},  {10, 2, 32, 16, 20, 6}, {8, 4, 8, 16, 33, 2}};
   for (const Shape& s : shapes)
     for (KvType t : kAllKvTypes) {
       if (!kv_type_check(t, s.head_dim).empty()) continue;

@@ -24,6 +24,8 @@ struct Avx2 {
   static constexpr int kKR = 1, kKC = 2;
   static constexpr int kFR = 1, kFC = 4;
   static constexpr int kGemvR = 2, kGemvRF = 4;
+  // Query heads per pass of the attention tile kernel (16 ymm: one head (4 accumulators + 4 loads, two ymm each)).
+  static constexpr int kAttnHeads = 1;
   static constexpr int kX16C = 2;
   // Packed F16/BF16 tiles: row groups (n == 1 / n > 1) x activation rows.
   static constexpr int kFX16RGV = 2, kFX16RG = 1, kFX16C = 4;
@@ -117,6 +119,15 @@ struct Avx2 {
   static SERVAL_SIMD_INLINE F fabs(F v) {
     const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     return {_mm256_and_ps(v.lo, m), _mm256_and_ps(v.hi, m)};
+  }
+  // r[d] lane j <- r[j] lane d (through memory: 16 ymm hold only half the rows).
+  static SERVAL_SIMD_INLINE void transpose16(F* r) {
+    alignas(32) float m[16][16];
+    for (int j = 0; j < 16; ++j) fstore(m[j], r[j]);
+    alignas(32) float o[16][16];
+    for (int d = 0; d < 16; ++d)
+      for (int j = 0; j < 16; ++j) o[d][j] = m[j][d];
+    for (int d = 0; d < 16; ++d) r[d] = fload(o[d]);
   }
   static SERVAL_SIMD_INLINE F fmax(F a, F b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
   static SERVAL_SIMD_INLINE float hmax(F v) {

@@ -36,6 +36,8 @@ struct Avx512 {
   static constexpr int kKR = SERVAL_T_KR, kKC = SERVAL_T_KC;
   static constexpr int kFR = SERVAL_T_FR, kFC = SERVAL_T_FC;
   static constexpr int kGemvR = 4, kGemvRF = 8;
+  // Query heads per pass of the attention tile kernel (32 zmm: 4 heads x 4 accumulators + 4 loads).
+  static constexpr int kAttnHeads = 4;
   static constexpr int kX16C = SERVAL_T_X16C;  // activation rows per packed (X16) tile
   // Packed F16/BF16 tiles: row groups (n == 1 / n > 1) x activation rows.
   static constexpr int kFX16RGV = 4, kFX16RG = 2, kFX16C = 8;
@@ -117,6 +119,33 @@ struct Avx512 {
   // 2^n for integer-valued n in [-126, 127].
   static SERVAL_SIMD_INLINE F pow2i(F n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  // r[d] lane j <- r[j] lane d (a 16 x 16 transpose in registers: unpack
+  // pairs of rows, then 4-element groups, then 128-bit lanes twice).
+  static SERVAL_SIMD_INLINE void transpose16(F* r) {
+    F t[16], u[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + c], 128-bit lane k: column 4k + c of rows 4g .. 4g + 3.
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const F v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+      const F v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+      r[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+      r[8 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+      r[4 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+      r[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+    }
   }
   static SERVAL_SIMD_INLINE F fabs(F v) { return _mm512_abs_ps(v); }
   static SERVAL_SIMD_INLINE F fmax(F a, F b) { return _mm512_max_ps(a, b); }
