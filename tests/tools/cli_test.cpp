@@ -171,6 +171,17 @@ TEST(Cli, BenchModelJsonHasLlamaBenchFields) {
   ASSERT_EQ(md.status, 0) << md.err;
   EXPECT_NE(md.out.find("| pp8 |"), std::string::npos) << md.out;
   expect_usage_error("bench model -m " + kStories + " -p 0 -n 0", "nothing to run");
+  // At depth: the name and n_depth as llama-bench gives them; depth counts
+  // against the model's context.
+  Result d = run("bench model -m " + kStories + " -p 0 -n 4 -d 100 -r 1 -t 1 -o json");
+  ASSERT_EQ(d.status, 0) << d.err;
+  const auto dj = nlohmann::json::parse(d.out);
+  ASSERT_EQ(dj.size(), 1u);
+  EXPECT_EQ(dj[0]["n_depth"], 100);
+  EXPECT_EQ(dj[0]["n_gen"], 4);
+  Result dmd = run("bench model -m " + kStories + " -p 0 -n 4 -d 100 -r 1 -t 1");
+  EXPECT_NE(dmd.out.find("| tg4 @ d100 |"), std::string::npos) << dmd.out;
+  expect_usage_error("bench model -m " + kStories + " -p 0 -n 16 -d 1000000", "exceed the model's context");
 }
 
 // Speculative decoding from the CLI: greedy output unchanged with n-gram and
