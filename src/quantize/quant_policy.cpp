@@ -37,7 +37,7 @@ std::optional<DType> row_fallback(DType t) {
     case DType::q4_k: return DType::q5_0;
     case DType::q5_k: return DType::q5_1;
     case DType::q6_k: return DType::q8_0;
-    case DType::q2_k: case DType::q3_k: return DType::iq4_nl;
+    case DType::q2_k: case DType::q3_k: case DType::iq4_xs: return DType::iq4_nl;
     default: return std::nullopt;
   }
 }
@@ -62,6 +62,7 @@ const std::vector<FileType>& file_types() {
       {"Q5_K_M", 17, DType::q5_k, "Q5_K, half of attn_v/ffn_down in Q6_K"},
       {"Q6_K", 18, DType::q6_k, "6-bit super-blocks of 256"},
       {"IQ4_NL", 25, DType::iq4_nl, "4-bit non-linear, blocks of 32"},
+      {"IQ4_XS", 30, DType::iq4_xs, "4.25-bit non-linear, super-blocks of 256 with 6-bit scales"},
       {"F16", 1, DType::f16, "half precision"},
       {"BF16", 32, DType::bf16, "bfloat16"},
       {"F32", 0, DType::f32, "single precision"},
@@ -100,7 +101,7 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
   }
   const bool mixes = !is_float_type(ft.base);
   const uint32_t f = ft.ftype;
-  const bool q4_k_m = f == 15, q5_k_m = f == 17, q4_k_s = f == 14, iq4_nl = f == 25;
+  const bool q4_k_m = f == 15, q5_k_m = f == 17, q4_k_s = f == 14, iq4_nl = f == 25 || f == 30;  // IQ4_NL, IQ4_XS
 
   std::vector<TensorPlan> plans;
   plans.reserve(src.tensors().size());

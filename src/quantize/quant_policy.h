@@ -10,12 +10,12 @@
 //  - Q4_K_M / Q5_K_M: attn_v and ffn_down of the "more bits" layers
 //    (use_more_bits: the first and last eighth, and every third in between)
 //    -> Q6_K. Q4_K_S: attn_v of layers 0-3 and ffn_down of the first eighth
-//    -> Q5_K. IQ4_NL: attn_v -> Q5_K when n_head / n_head_kv >= 4; without
+//    -> Q5_K. IQ4_NL, IQ4_XS: attn_v -> Q5_K when n_head / n_head_kv >= 4; without
 //    an imatrix, ffn_down of the first eighth -> Q5_K. Q4_0 / Q5_0 with an
 //    imatrix: ffn_down of the first eighth -> Q4_1 / Q5_1.
 //  - Row-length fallback: a tensor whose row length (ne[0]) is not a multiple
 //    of the chosen type's block size takes llama.cpp's substitute (Q4_K ->
-//    Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); if that block does not fit either (or
+//    Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL); if that block does not fit either (or
 //    the type has no substitute: the 32-element types), the tensor keeps its
 //    source type, losslessly. (llama.cpp stops with "Unsupported tensor size"
 //    there, e.g. on stories260K's ffn_down with rows of 172.)

@@ -37,7 +37,7 @@ constexpr std::array<Entry, 30> kTable = {{
     {20, {"iq4_nl", 32, 2 + 16, true}},
     {21, {"iq3_s", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, false}},
     {22, {"iq2_s", QK_K, 2 + QK_K / 4 + QK_K / 16, false}},
-    {23, {"iq4_xs", QK_K, 2 + 2 + QK_K / 64 + QK_K / 2, false}},
+    {23, {"iq4_xs", QK_K, 2 + 2 + QK_K / 64 + QK_K / 2, true}},
     {24, {"i8", 1, 1, false}},
     {25, {"i16", 1, 2, false}},
     {26, {"i32", 1, 4, false}},

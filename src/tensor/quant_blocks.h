@@ -144,6 +144,18 @@ struct block_q6_K {
   uint16_t d;               // F16 super-scale
 };
 
+// IQ4_XS: 8 sub-blocks of 32 on the IQ4_NL codebook, 6-bit sub-block scales
+// ls = (4 bits of scales_l[j / 2] at 4 (j % 2)) | (bits 2j, 2j + 1 of
+// scales_h) << 4; for sub-block j, l < 16:
+// y[32j + l] = d * (ls - 32) * kIq4nlValues[lo(qs[16j + l])],
+// y[32j + 16 + l] = d * (ls - 32) * kIq4nlValues[hi(qs[16j + l])].
+struct block_iq4_xs {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[QK_K / 64];
+  uint8_t qs[QK_K / 2];
+};
+
 // ---- layout checks against the dtype table ----------------------------------
 
 template <typename B>
@@ -161,6 +173,7 @@ static_assert(sizeof(block_q3_K) == 110 && kIsPlainBlock<block_q3_K>);
 static_assert(sizeof(block_q4_K) == 144 && kIsPlainBlock<block_q4_K>);
 static_assert(sizeof(block_q5_K) == 176 && kIsPlainBlock<block_q5_K>);
 static_assert(sizeof(block_q6_K) == 210 && kIsPlainBlock<block_q6_K>);
+static_assert(sizeof(block_iq4_xs) == 136 && kIsPlainBlock<block_iq4_xs>);
 static_assert(offsetof(block_q2_K, d) == 80 && offsetof(block_q3_K, d) == 108);
 static_assert(offsetof(block_q5_K, qs) == 48 && offsetof(block_q6_K, d) == 208);
 
@@ -178,5 +191,6 @@ template <> struct BlockOf<block_q3_K> { static constexpr DType type = DType::q3
 template <> struct BlockOf<block_q4_K> { static constexpr DType type = DType::q4_k; static constexpr int qk = QK_K; };
 template <> struct BlockOf<block_q5_K> { static constexpr DType type = DType::q5_k; static constexpr int qk = QK_K; };
 template <> struct BlockOf<block_q6_K> { static constexpr DType type = DType::q6_k; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_iq4_xs> { static constexpr DType type = DType::iq4_xs; static constexpr int qk = QK_K; };
 
 }  // namespace serval

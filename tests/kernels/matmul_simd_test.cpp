@@ -105,6 +105,7 @@ Weights random_weights(DType t, int64_t rows, int64_t cols, uint64_t seed) {
         case DType::q4_k: case DType::q5_k: put16(blk, f16(0.0, 0.002)); put16(blk + 2, f16(0.0, 0.002)); break;
         case DType::q6_k: put16(blk + 208, f16(-0.001, 0.001)); break;
         case DType::q3_k: put16(blk + 108, f16(-0.002, 0.002)); break;
+        case DType::iq4_xs: put16(blk, f16(-0.0005, 0.0005)); break;
         case DType::q2_k: put16(blk + 80, f16(0.0, 0.004)); put16(blk + 82, f16(0.0, 0.004)); break;
         case DType::f16: put16(blk, f16(-1, 1)); break;
         case DType::bf16: put16(blk, fp32_to_bf16((float)(2 * r.uniform() - 1))); break;
@@ -128,14 +129,15 @@ std::vector<float> run(const Weights& w, const std::vector<float>& x, int64_t n,
 }
 
 const DType kFastTypes[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_1, DType::q5_0, DType::q5_1,
-                            DType::q2_k, DType::q3_k, DType::q4_k,   DType::q5_k, DType::q6_k, DType::f16,
-                            DType::bf16, DType::f32};
+                            DType::q2_k, DType::q3_k, DType::q4_k,   DType::q5_k, DType::q6_k, DType::iq4_xs,
+                            DType::f16,  DType::bf16, DType::f32};
 
 int64_t act_block(DType t) {
   switch (t) {
     case DType::q4_0: case DType::q8_0: case DType::iq4_nl: case DType::q4_1: case DType::q5_0: case DType::q5_1:
       return 32;
-    case DType::q2_k: case DType::q3_k: case DType::q4_k: case DType::q5_k: case DType::q6_k: return 256;
+    case DType::q2_k: case DType::q3_k: case DType::q4_k: case DType::q5_k: case DType::q6_k: case DType::iq4_xs:
+      return 256;
     default: return 0;  // F32 activations
   }
 }

@@ -53,14 +53,14 @@ TEST(QuantBlocks, LayoutMatchesDtypeTable) {
   };
   check(block_q4_0{}); check(block_q4_1{}); check(block_q5_0{}); check(block_q5_1{});
   check(block_q8_0{}); check(block_iq4_nl{}); check(block_q2_K{}); check(block_q3_K{});
-  check(block_q4_K{}); check(block_q5_K{}); check(block_q6_K{});
+  check(block_q4_K{}); check(block_q5_K{}); check(block_q6_K{}); check(block_iq4_xs{});
   EXPECT_TRUE(ref::can_dequantize(DType::f32));
   EXPECT_TRUE(ref::can_dequantize(DType::f16));
   EXPECT_TRUE(ref::can_dequantize(DType::bf16));
   EXPECT_FALSE(ref::can_dequantize(DType::q8_1));
   EXPECT_FALSE(ref::can_dequantize(DType::q8_k));
   EXPECT_FALSE(ref::can_dequantize(DType::iq2_xxs));
-  EXPECT_FALSE(ref::can_quantize(DType::iq4_xs));
+  EXPECT_FALSE(ref::can_quantize(DType::iq3_s));
   EXPECT_FALSE(ref::can_quantize(DType::i32));
 }
 
@@ -169,6 +169,28 @@ TEST(QuantBlocks, IQ4_NL) {
   expect_all(dequant(DType::iq4_nl, b),
              {-254, -208, -166, -130, -98, -70, -44, -20, 2, 26, 50, 76, 106, 138, 178, 226,
               226, 178, 138, 106, 76, 50, 26, 2, -20, -44, -70, -98, -130, -166, -208, -254});
+}
+
+TEST(QuantBlocks, IQ4_XS) {
+  block_iq4_xs b{};
+  b.d = kHalf;
+  // Sub-block j: ls = 33 + j (low nibble 1 + j, high bits 2), scale 1 + j;
+  // except sub-block 3: ls = 0, scale -32.
+  for (int j = 0; j < 8; ++j) b.scales_l[j / 2] |= (uint8_t)(((1 + j) & 0x0F) << (4 * (j % 2)));
+  b.scales_l[1] &= 0x0F;
+  b.scales_h = 0xAA2A;
+  // Every byte 0xF0: the first 16 elements of a sub-block take code 0 (-127),
+  // the last 16 code 15 (113).
+  std::memset(b.qs, 0xF0, sizeof b.qs);
+  const auto y = dequant(DType::iq4_xs, b);
+  EXPECT_EQ(y[0], 0.5f * 1 * -127);
+  EXPECT_EQ(y[15], 0.5f * 1 * -127);
+  EXPECT_EQ(y[16], 0.5f * 1 * 113);
+  EXPECT_EQ(y[32 + 20], 0.5f * 2 * 113);
+  EXPECT_EQ(y[96], 0.5f * -32 * -127);
+  EXPECT_EQ(y[127], 0.5f * -32 * 113);
+  EXPECT_EQ(y[224], 0.5f * 8 * -127);
+  EXPECT_EQ(y[255], 0.5f * 8 * 113);
 }
 
 TEST(QuantBlocks, Q2_K) {

@@ -107,6 +107,7 @@ const Bound kBounds[] = {
     {DType::q4_0, 0.085, 0.115},
     {DType::q4_k, 0.074, 0.090},
     {DType::iq4_nl, 0.078, 0.096},
+    {DType::iq4_xs, 0.079, 0.097},
     {DType::q3_k, 0.154, 0.186},
     {DType::q2_k, 0.299, 0.352},
 };

@@ -72,6 +72,7 @@ double bound(DType t) {
     case DType::q4_0: return 0.115 * 1.1;
     case DType::q4_k: return 0.090 * 1.1;
     case DType::iq4_nl: return 0.096 * 1.1;
+    case DType::iq4_xs: return 0.097 * 1.1;
     default: return 0.0;
   }
 }
@@ -84,6 +85,7 @@ TEST(QuantPolicy, FileTypeNames) {
   EXPECT_EQ(find_file_type("Q5_K")->ftype, 17u);
   EXPECT_EQ(find_file_type("q8_0")->ftype, 7u);
   EXPECT_EQ(find_file_type("IQ4_NL")->ftype, 25u);
+  EXPECT_EQ(find_file_type("iq4_xs")->ftype, 30u);
   EXPECT_FALSE(find_file_type("Q9_9").has_value());
   EXPECT_FALSE(find_file_type("").has_value());
 }
@@ -133,6 +135,7 @@ TEST(QuantPolicy, RowLengthFallback) {
   EXPECT_EQ(type_of("Q4_K_M", "blk.0.attn_v.weight").type, DType::q5_0);
   EXPECT_EQ(type_of("Q4_K_M", "blk.4.attn_v.weight").type, DType::q8_0);   // more bits: Q6_K -> Q8_0
   EXPECT_EQ(type_of("Q4_K_M", "output.weight").type, DType::q8_0);         // no Q4_K block fits
+  EXPECT_EQ(type_of("IQ4_XS", "blk.0.attn_q.weight").type, DType::iq4_nl);  // IQ4_XS -> IQ4_NL
   EXPECT_EQ(type_of("Q4_K_M", "blk.4.ffn_down.weight").type, DType::f32);  // nothing fits 172
   EXPECT_EQ(type_of("Q4_0", "output.weight").type, DType::q8_0);           // Q6_K -> Q8_0
 }

@@ -192,6 +192,21 @@ void dequantize_q5_K(const block_q5_K* x, float* y, int64_t nb) {
 // q6_K: in half h, for l < 32 and r < 4 the element 128h + 32r + l takes
 // nibble (r / 2) of ql[64h + l + 32 (r % 2)], bits [2r, 2r+2) of qh[32h + l]
 // as its high bits, and scale scales[8h + 2r + l / 16].
+void dequantize_iq4_xs(const block_iq4_xs* x, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const float d = fp16_to_fp32(x[b].d);
+    for (int j = 0; j < QK_K / 32; ++j, y += 32) {
+      const int ls = ((x[b].scales_l[j / 2] >> (4 * (j % 2))) & 0x0F) | (((x[b].scales_h >> (2 * j)) & 3) << 4);
+      const float dl = d * (float)(ls - 32);
+      const uint8_t* qs = x[b].qs + 16 * j;
+      for (int l = 0; l < 16; ++l) {
+        y[l] = dl * (float)kIq4nlValues[qs[l] & 0x0F];
+        y[l + 16] = dl * (float)kIq4nlValues[qs[l] >> 4];
+      }
+    }
+  }
+}
+
 void dequantize_q6_K(const block_q6_K* x, float* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, y += QK_K) {
     const float d = fp16_to_fp32(x[b].d);

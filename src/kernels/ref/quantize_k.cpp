@@ -263,4 +263,41 @@ void quantize_q2_K(const float* x, block_q2_K* y, int64_t nb, const float* imatr
   }
 }
 
+// IQ4_XS: each sub-block of 32 gets its scale from IQ4_NL's codebook search;
+// the 8 scales are quantized to 6 bits (ls - 32 in -32..31) against the F16
+// super-scale, weighted by sum w v^2 of their codes; then every element takes
+// the nearest code for its sub-block's stored scale.
+void quantize_iq4_xs(const float* x, block_iq4_xs* y, int64_t nb, const float* imatrix) {
+  static const Codebook16 cb(kIq4nlValues);
+  for (int64_t b = 0; b < nb; ++b, x += QK_K) {
+    float w[QK_K];
+    super_block_weights(x, imatrix ? imatrix + b * QK_K : nullptr, DefaultWeights::mean_square_plus_square, 32, w);
+    uint8_t L[QK_K];
+    float scales[8], imp[8];
+    for (int j = 0; j < 8; ++j) {
+      scales[j] = search_codebook(32, cb, x + 32 * j, w + 32 * j, L + 32 * j, 7);
+      double s = 0;
+      for (int i = 32 * j; i < 32 * j + 32; ++i) s += (double)w[i] * kIq4nlValues[L[i]] * kIq4nlValues[L[i]];
+      imp[j] = (float)s;
+    }
+    int8_t sc[8];
+    const float d = quantize_scales_signed(8, 32, 31, scales, imp, sc);
+    y[b].d = fp16_scale_bits(d);
+    const float ds = fp16_to_fp32(y[b].d);
+    uint16_t sh = 0;
+    std::memset(y[b].scales_l, 0, sizeof(y[b].scales_l));
+    for (int j = 0; j < 8; ++j) {
+      const int u = sc[j] + 32;
+      y[b].scales_l[j / 2] |= (uint8_t)((u & 0x0F) << (4 * (j % 2)));
+      sh |= (uint16_t)(((u >> 4) & 3) << (2 * j));
+      const float dl = ds * (float)sc[j];
+      const float id = dl != 0 ? 1.0f / dl : 0.0f;
+      for (int i = 32 * j; i < 32 * j + 32; ++i) L[i] = (uint8_t)cb.nearest(x[i] * id);
+      for (int l = 0; l < 16; ++l)
+        y[b].qs[16 * j + l] = (uint8_t)((L[32 * j + l] & 0x0F) | ((L[32 * j + 16 + l] & 0x0F) << 4));
+    }
+    y[b].scales_h = sh;
+  }
+}
+
 }  // namespace serval::ref::detail

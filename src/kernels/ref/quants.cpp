@@ -26,7 +26,7 @@ bool can_dequantize(DType t) {
     case DType::f32: case DType::f16: case DType::bf16:
     case DType::q4_0: case DType::q4_1: case DType::q5_0: case DType::q5_1: case DType::q8_0:
     case DType::q2_k: case DType::q3_k: case DType::q4_k: case DType::q5_k: case DType::q6_k:
-    case DType::iq4_nl:
+    case DType::iq4_nl: case DType::iq4_xs:
       return true;
     default:
       return false;
@@ -61,6 +61,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::q4_k: dequantize_q4_K(static_cast<const block_q4_K*>(src), dst, nb); return;
     case DType::q5_k: dequantize_q5_K(static_cast<const block_q5_K*>(src), dst, nb); return;
     case DType::q6_k: dequantize_q6_K(static_cast<const block_q6_K*>(src), dst, nb); return;
+    case DType::iq4_xs: dequantize_iq4_xs(static_cast<const block_iq4_xs*>(src), dst, nb); return;
     default: SERVAL_ASSERT(!"dequantize_row: unsupported type (check can_dequantize)");
   }
 }
@@ -91,6 +92,7 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* 
     case DType::q4_k: quantize_q4_K(src, static_cast<block_q4_K*>(dst), nb, imatrix); return;
     case DType::q5_k: quantize_q5_K(src, static_cast<block_q5_K*>(dst), nb, imatrix); return;
     case DType::q6_k: quantize_q6_K(src, static_cast<block_q6_K*>(dst), nb, imatrix); return;
+    case DType::iq4_xs: quantize_iq4_xs(src, static_cast<block_iq4_xs*>(dst), nb, imatrix); return;
     default: SERVAL_ASSERT(!"quantize_row: unsupported type (check can_quantize)");
   }
 }

@@ -21,6 +21,7 @@ void dequantize_q3_K(const block_q3_K* x, float* y, int64_t nb);
 void dequantize_q4_K(const block_q4_K* x, float* y, int64_t nb);
 void dequantize_q5_K(const block_q5_K* x, float* y, int64_t nb);
 void dequantize_q6_K(const block_q6_K* x, float* y, int64_t nb);
+void dequantize_iq4_xs(const block_iq4_xs* x, float* y, int64_t nb);
 
 // Unpacks the 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block.
 void unpack_scale_min_k4(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m);
@@ -41,5 +42,6 @@ void quantize_q3_K(const float* x, block_q3_K* y, int64_t nb, const float* imatr
 void quantize_q4_K(const float* x, block_q4_K* y, int64_t nb, const float* imatrix);
 void quantize_q5_K(const float* x, block_q5_K* y, int64_t nb, const float* imatrix);
 void quantize_q6_K(const float* x, block_q6_K* y, int64_t nb, const float* imatrix);
+void quantize_iq4_xs(const float* x, block_iq4_xs* y, int64_t nb, const float* imatrix);
 
 }  // namespace serval::ref::detail

@@ -185,6 +185,10 @@ struct Avx2 {
     return {dot_half(acc.lo, _mm256_abs_epi8(w.lo), _mm256_sign_epi8(s.lo, w.lo)),
             dot_half(acc.hi, _mm256_abs_epi8(w.hi), _mm256_sign_epi8(s.hi, w.hi))};
   }
+  static SERVAL_SIMD_INLINE I dot_s8s8_w16(I acc, I w, I s, I w16) {
+    const I u = {_mm256_abs_epi8(w.lo), _mm256_abs_epi8(w.hi)};
+    return dot_u8s8_w16(acc, u, I{_mm256_sign_epi8(s.lo, w.lo), _mm256_sign_epi8(s.hi, w.hi)}, w16);
+  }
   static SERVAL_SIMD_INLINE I dot_u8s8_w16(I acc, I u, I s, I w16) {
     if constexpr (kVnni)
       return {_mm256_dpwssd_avx_epi32(acc.lo, _mm256_maddubs_epi16(u.lo, s.lo), w16.lo),
@@ -279,6 +283,11 @@ struct Avx2 {
     return {shift16<kSh>(v.lo), shift16<kSh>(v.hi)};
   }
 
+  template <int kA, int kB>
+  static SERVAL_SIMD_INLINE I scales_s8_2x16(uint64_t s8) {
+    return {_mm256_set1_epi16((short)(int8_t)((s8 >> (8 * kA)) & 0xFF)),
+            _mm256_set1_epi16((short)(int8_t)((s8 >> (8 * kB)) & 0xFF))};
+  }
   template <int kA, int kB>
   static SERVAL_SIMD_INLINE I scales_u8_2x16(uint64_t s8) {
     return {_mm256_set1_epi16((short)((s8 >> (8 * kA)) & 0xFF)), _mm256_set1_epi16((short)((s8 >> (8 * kB)) & 0xFF))};

@@ -198,6 +198,11 @@ struct Avx512 {
     return dot_u8s8(acc, _mm512_abs_epi8(w), sn);
   }
   // acc[k] + w16[2k] * (u[4k] s[4k] + u[4k+1] s[4k+1]) + w16[2k+1] * (the next pair).
+  // As dot_u8s8_w16 with signed weights w (|w| <= 127): |w| against s * sign(w).
+  static SERVAL_SIMD_INLINE I dot_s8s8_w16(I acc, I w, I s, I w16) {
+    const __mmask64 neg = _mm512_movepi8_mask(w);
+    return dot_u8s8_w16(acc, _mm512_abs_epi8(w), _mm512_mask_sub_epi8(s, neg, _mm512_setzero_si512(), s), w16);
+  }
   static SERVAL_SIMD_INLINE I dot_u8s8_w16(I acc, I u, I s, I w16) {
     const I t = _mm512_maddubs_epi16(u, s);
     if constexpr (kVnni) {
@@ -308,6 +313,13 @@ struct Avx512 {
 
   // Scales as i16 per pair sum: [s[a] x 16, s[b] x 16] from 8 unsigned bytes s
   // (Q4_K/Q5_K chunk p: a = 2p, b = 2p + 1).
+  // The same from 8 signed bytes (IQ4_XS).
+  template <int kA, int kB>
+  static SERVAL_SIMD_INLINE I scales_s8_2x16(uint64_t s8) {
+    const __m256i b = _mm256_set1_epi64x((long long)s8);
+    const __m256i ctrl = _mm256_setr_m128i(_mm_set1_epi8(kA), _mm_set1_epi8(kB));
+    return _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(b, ctrl));
+  }
   template <int kA, int kB>
   static SERVAL_SIMD_INLINE I scales_u8_2x16(uint64_t s8) {
     const __m256i b = _mm256_set1_epi64x((long long)s8);
