@@ -56,6 +56,7 @@ const std::vector<FileType>& file_types() {
       {"Q4_1", 3, DType::q4_1, "4-bit, blocks of 32, scale and min"},
       {"Q5_0", 8, DType::q5_0, "5-bit, blocks of 32, symmetric"},
       {"Q5_1", 9, DType::q5_1, "5-bit, blocks of 32, scale and min"},
+      {"Q2_K", 10, DType::q2_k, "Q2_K, attn_v/attn_output/ffn_down in Q3_K"},
       {"Q4_K_S", 14, DType::q4_k, "Q4_K, a few attn_v/ffn_down in Q5_K"},
       {"Q4_K_M", 15, DType::q4_k, "Q4_K, half of attn_v/ffn_down in Q6_K"},
       {"Q5_K_S", 16, DType::q5_k, "Q5_K"},
@@ -102,6 +103,7 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
   const bool mixes = !is_float_type(ft.base);
   const uint32_t f = ft.ftype;
   const bool q4_k_m = f == 15, q5_k_m = f == 17, q4_k_s = f == 14, iq4_nl = f == 25 || f == 30;  // IQ4_NL, IQ4_XS
+  const bool q2_k = f == 10;
 
   std::vector<TensorPlan> plans;
   plans.reserve(src.tensors().size());
@@ -121,15 +123,19 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
         if (nx % block_of(type) != 0) type = DType::q8_0;
         else if (type != DType::q8_0) type = DType::q6_k;
       } else if (contains(t.name, "attn_v.weight")) {
-        if (iq4_nl && n_gqa >= 4) type = DType::q5_k;
+        if (q2_k) type = n_gqa >= 4 ? DType::q4_k : DType::q3_k;
+        else if (iq4_nl && n_gqa >= 4) type = DType::q5_k;
         else if ((q4_k_m || q5_k_m) && il >= 0 && use_more_bits(il, n_attn_v)) type = DType::q6_k;
         else if (q4_k_s && il >= 0 && il < 4) type = DType::q5_k;
       } else if (contains(t.name, "ffn_down")) {
         const bool first_eighth = il >= 0 && il < n_ffn_down / 8;
-        if ((q4_k_m || q5_k_m) && il >= 0 && use_more_bits(il, n_ffn_down)) type = DType::q6_k;
+        if (q2_k) type = DType::q3_k;
+        else if ((q4_k_m || q5_k_m) && il >= 0 && use_more_bits(il, n_ffn_down)) type = DType::q6_k;
         else if (iq4_nl && first_eighth && !has_imatrix) type = DType::q5_k;
         else if (q4_k_s && first_eighth) type = DType::q5_k;
         else if ((f == 2 || f == 8) && has_imatrix && first_eighth) type = f == 2 ? DType::q4_1 : DType::q5_1;
+      } else if (contains(t.name, "attn_output.weight")) {
+        if (q2_k) type = DType::q3_k;
       }
     }
     if (nx % block_of(type) != 0) {

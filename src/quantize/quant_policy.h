@@ -11,7 +11,9 @@
 //    (use_more_bits: the first and last eighth, and every third in between)
 //    -> Q6_K. Q4_K_S: attn_v of layers 0-3 and ffn_down of the first eighth
 //    -> Q5_K. IQ4_NL, IQ4_XS: attn_v -> Q5_K when n_head / n_head_kv >= 4; without
-//    an imatrix, ffn_down of the first eighth -> Q5_K. Q4_0 / Q5_0 with an
+//    an imatrix, ffn_down of the first eighth -> Q5_K. Q2_K: attn_v -> Q3_K
+//    (Q4_K when n_head / n_head_kv >= 4), ffn_down and attn_output -> Q3_K.
+//    Q4_0 / Q5_0 with an
 //    imatrix: ffn_down of the first eighth -> Q4_1 / Q5_1.
 //  - Row-length fallback: a tensor whose row length (ne[0]) is not a multiple
 //    of the chosen type's block size takes llama.cpp's substitute (Q4_K ->

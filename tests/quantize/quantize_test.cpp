@@ -73,6 +73,8 @@ double bound(DType t) {
     case DType::q4_k: return 0.090 * 1.1;
     case DType::iq4_nl: return 0.096 * 1.1;
     case DType::iq4_xs: return 0.097 * 1.1;
+    case DType::q3_k: return 0.186 * 1.1;
+    case DType::q2_k: return 0.352 * 1.1;
     default: return 0.0;
   }
 }
@@ -86,6 +88,7 @@ TEST(QuantPolicy, FileTypeNames) {
   EXPECT_EQ(find_file_type("q8_0")->ftype, 7u);
   EXPECT_EQ(find_file_type("IQ4_NL")->ftype, 25u);
   EXPECT_EQ(find_file_type("iq4_xs")->ftype, 30u);
+  EXPECT_EQ(find_file_type("Q2_K")->ftype, 10u);
   EXPECT_FALSE(find_file_type("Q9_9").has_value());
   EXPECT_FALSE(find_file_type("").has_value());
 }
@@ -93,10 +96,10 @@ TEST(QuantPolicy, FileTypeNames) {
 // llama.cpp quantized mini-llama-F16.gguf into each of these files: our plan
 // for the same source must give every tensor the type llama.cpp gave it
 // (output.weight Q6_K, attn_v/ffn_down of the "more bits" layer 1 in Q6_K for
-// the _M mixes, norms F32, ...).
+// the _M mixes, attn_v/attn_output/ffn_down in Q3_K for Q2_K, norms F32, ...).
 TEST(QuantPolicy, MatchesLlamaCppOnTheMiniModel) {
   const gguf::GgufFile src = open_or_die(kMini + "F16.gguf");
-  for (const char* name : {"Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"}) {
+  for (const char* name : {"Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "Q2_K"}) {
     const gguf::GgufFile ref = open_or_die(kMini + name + ".gguf");
     const auto ft = find_file_type(name);
     ASSERT_TRUE(ft.has_value());
