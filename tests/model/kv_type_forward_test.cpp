@@ -12,44 +12,14 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "model/batch_forward.h"
+#include "model/teacher_forcing.h"
 
 using namespace serval;
 
 namespace {
 
 const std::string kShared = SERVAL_SHARED_DIR;
-
-std::vector<double> log_softmax(const float* l, int64_t n) {
-  double mx = -INFINITY, s = 0;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, (double)l[i]);
-  for (int64_t i = 0; i < n; ++i) s += std::exp((double)l[i] - mx);
-  std::vector<double> out((size_t)n);
-  for (int64_t i = 0; i < n; ++i) out[(size_t)i] = (double)l[i] - mx - std::log(s);
-  return out;
-}
-
-// Runs `tokens` through one sequence in chunks of `chunk`, returning the
-// logits of every position, [tokens.size(), n_vocab].
-std::vector<float> forward_all(const Model& m, KvType type, const std::vector<TokenId>& tokens, int chunk) {
-  const auto& c = m.config();
-  const int32_t bs = 16, nb = (int32_t)(tokens.size() + bs - 1) / bs;
-  auto kv = KvStorage::create({(int32_t)c.n_layers, (int32_t)c.kv_dim(), bs, type}, nb + 1);
-  EXPECT_TRUE(kv.ok());
-  std::vector<BlockId> table((size_t)nb);
-  std::iota(table.rbegin(), table.rend(), 1);  // not the identity
-  BatchForward bf(m, *kv, nullptr);
-  std::vector<float> all, logits;
-  for (size_t pos = 0; pos < tokens.size(); pos += (size_t)chunk) {
-    const int32_t len = (int32_t)std::min<size_t>((size_t)chunk, tokens.size() - pos);
-    Batch b;
-    b.tokens.assign(tokens.begin() + (long)pos, tokens.begin() + (long)pos + len);
-    b.seqs.push_back({(int64_t)pos, len, table, true, len});
-    EXPECT_TRUE(bf.forward(b, &logits).ok());
-    all.insert(all.end(), logits.begin(), logits.end());
-  }
-  return all;
-}
+using test::forward_all;
 
 }  // namespace
 
@@ -68,7 +38,6 @@ TEST(KvTypeForward, TeacherForcedLogprobsWithinPerTypeBounds) {
   const std::string file = "mini-llama-F16.gguf";
   auto model = Model::load(kShared + "/models/mini/" + file);
   ASSERT_TRUE(model.ok());
-  const int64_t n_vocab = (*model)->config().n_vocab;
   struct Bound {
     KvType t;
     double mean, max;
@@ -77,33 +46,12 @@ TEST(KvTypeForward, TeacherForcedLogprobsWithinPerTypeBounds) {
                           {KvType::q8_0, 0.045, 0.2}, {KvType::fp8, 0.2, 0.9},    {KvType::q4_0, 0.6, 2.5}};
   std::vector<double> means;
   for (const Bound& b : bounds) {
-    double sum = 0, mx = 0;
-    int64_t n = 0;
-    int agree = 0, total = 0;
-    for (const auto& c : golden[file]) {
-      auto tokens = c["prompt_tokens"].get<std::vector<TokenId>>();
-      const auto forced = c["greedy_tokens"].get<std::vector<TokenId>>();
-      const size_t n_prompt = tokens.size();
-      tokens.insert(tokens.end(), forced.begin(), forced.end() - 1);
-      const auto logits = forward_all(**model, b.t, tokens, (int)tokens.size());
-      for (size_t step = 0; step < forced.size(); ++step) {
-        const float* l = logits.data() + (n_prompt - 1 + step) * (size_t)n_vocab;
-        const auto lp = log_softmax(l, n_vocab);
-        for (const auto& e : c["top5_logprobs"][step]) {
-          const double d = std::fabs(lp[e["id"].get<size_t>()] - e["logprob"].get<double>());
-          sum += d;
-          mx = std::max(mx, d);
-          ++n;
-        }
-        agree += std::max_element(l, l + n_vocab) - l == forced[step];
-        ++total;
-      }
-    }
+    const test::TeacherForced r = test::teacher_forced(**model, b.t, golden[file]);
     std::printf("kv %-5s |d logprob| vs llama.cpp: mean %.4f max %.4f  greedy agreement %d/%d\n",
-                kv_type_name(b.t), sum / (double)n, mx, agree, total);
-    EXPECT_LE(sum / (double)n, b.mean) << kv_type_name(b.t);
-    EXPECT_LE(mx, b.max) << kv_type_name(b.t);
-    means.push_back(sum / (double)n);
+                kv_type_name(b.t), r.mean, r.max, r.agree, r.total);
+    EXPECT_LE(r.mean, b.mean) << kv_type_name(b.t);
+    EXPECT_LE(r.max, b.max) << kv_type_name(b.t);
+    means.push_back(r.mean);
   }
   EXPECT_LT(means[1], means[3]);  // f16 < q8_0
   EXPECT_LT(means[3], means[4]);  // q8_0 < fp8
