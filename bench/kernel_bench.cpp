@@ -153,7 +153,7 @@ int register_all() {
   const Isa isas[] = {Isa::ref, Isa::avx2, Isa::avx2vnni, Isa::avx512, Isa::avx512vnni};
   const DType types[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_1, DType::q5_0,
                          DType::q5_1, DType::q2_k, DType::q3_k,   DType::q4_k, DType::q5_k,
-                         DType::q6_k, DType::f16,  DType::bf16,   DType::f32};
+                         DType::q6_k, DType::iq4_xs, DType::f16,  DType::bf16, DType::f32};
   struct Shape {
     int64_t rows, cols;
   };

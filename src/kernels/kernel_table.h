@@ -46,10 +46,10 @@ struct MatmulKernel {
   int act_offset = 0;  // the offset to pass to quantize_act_q8_32
 };
 
-// PackedMatrix's X16 layouts (Q4_0x16, Q8_0x16): rows in groups of 16 (rows
-// past the end of the last group are zero), nb = cols / 32 blocks of 32
-// columns; each row group takes nb * (Q + 32) bytes, Q = 256 (Q4_0) or 512
-// (Q8_0), from g * nb * (Q + 32):
+// PackedMatrix's X16 layouts (Q4_0x16, IQ4_NLx16, Q8_0x16): rows in groups of
+// 16 (rows past the end of the last group are zero), nb = cols / 32 blocks of
+// 32 columns; each row group takes nb * (Q + 32) bytes, Q = 256 (Q4_0, IQ4_NL:
+// the same nibble layout, codes instead of q - 8) or 512 (Q8_0), from g * nb * (Q + 32):
 //   uint8_t  qs[nb][Q / 64][64]  Q4_0: qs[b][k][4 * l + j] = byte 4k + j of
 //                                the qs of row l's block b, so (qs[b][k] & 15)
 //                                holds elements 4k..4k+3 of every row and

@@ -199,9 +199,10 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
 
 namespace {
 // Bytes of a block's quants for 16 rows in the X16 layouts (kernel_table.h).
-size_t x16_qs_bytes(DType t) { return t == DType::q4_0 ? 256 : 512; }
+size_t x16_qs_bytes(DType t) { return t == DType::q4_0 || t == DType::iq4_nl ? 256 : 512; }
 
-// Row l's block b of an X16 group <-> its stored block (Q4_0 or Q8_0).
+// Row l's block b of an X16 group <-> its stored block (Q4_0, IQ4_NL or Q8_0:
+// the F16 d, then the quants).
 void x16_put(DType t, uint8_t* group, int64_t nb, int64_t b, int l, const uint8_t* blk) {
   const size_t qb = x16_qs_bytes(t);
   const int nk = (int)(qb / 64);
@@ -226,11 +227,13 @@ size_t PackedMatrix::group_bytes() const {
 void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
 
 bool PackedMatrix::packable(DType t) {
-  return t == DType::q4_0 || t == DType::q8_0 || is_float16(t) || detail::kx16_sb_bytes(t) != 0;
+  return t == DType::q4_0 || t == DType::iq4_nl || t == DType::q8_0 || is_float16(t) ||
+         detail::kx16_sb_bytes(t) != 0;
 }
 
 PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t cols) {
   static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q8_0) == 34 && offsetof(block_q8_0, qs) == 2);
+  static_assert(sizeof(block_iq4_nl) == 18 && offsetof(block_iq4_nl, qs) == 2);
   const size_t sb_bytes = detail::kx16_sb_bytes(t);
   const int64_t bs = sb_bytes ? 256 : is_float16(t) ? 1 : 32;
   SERVAL_ASSERT(packable(t) && rows >= 0 && cols >= 0 && cols % bs == 0);

@@ -42,13 +42,13 @@ inline constexpr int64_t kMinChunkMacs = int64_t(1) << 18;
 // cols must be a multiple of t's block size. Each weight row (tile) is read once
 // per call for the whole batch. Rows are split over the pool's threads (pool
 // may be nullptr: the calling thread does everything).
-// Fast paths: Q4_0, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, F16, BF16, F32; every other
-// type the reference supports runs the ref path at every level.
+// Fast paths: every type the reference supports (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// IQ4_NL, Q2_K .. Q6_K, IQ4_XS, F16, BF16, F32).
 void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
             ThreadPool* pool);
 
 // A weight matrix repacked once (at model load) into a layout the SIMD kernels
-// read faster. Today: Q4_0, Q8_0, Q4_K and Q6_K with 16 rows interleaved
+// read faster. Today: Q4_0, IQ4_NL, Q8_0, Q4_K and Q6_K with 16 rows interleaved
 // (kernel_table.h's X16 and K-quant x16 layouts), so that each integer dot instruction serves 16 weight rows and
 // a block's integer sum is finished before any float step: about 2.5x fewer
 // instructions per multiply-add than over the stored rows, same bytes.

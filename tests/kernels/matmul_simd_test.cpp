@@ -632,7 +632,7 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
 
 // ---- packed Q4_0 / Q8_0 / Q4_K / Q6_K / F16 / BF16 (kernels::PackedMatrix) ---------
 
-const DType kPackedTypes[] = {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k, DType::f16, DType::bf16};
+const DType kPackedTypes[] = {DType::q4_0, DType::iq4_nl, DType::q8_0, DType::q4_k, DType::q6_k, DType::f16, DType::bf16};
 bool is_k(DType t) { return t == DType::q4_k || t == DType::q6_k; }
 bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
@@ -645,13 +645,19 @@ void block_ints(const Weights& w, int64_t r, int64_t b, int32_t out[32]) {
       out[j] = (blk.qs[j] & 15) - 8;
       out[j + 16] = (blk.qs[j] >> 4) - 8;
     }
+  } else if (w.t == DType::iq4_nl) {
+    const auto& blk = reinterpret_cast<const block_iq4_nl*>(row)[b];
+    for (int j = 0; j < 16; ++j) {
+      out[j] = kIq4nlValues[blk.qs[j] & 15];
+      out[j + 16] = kIq4nlValues[blk.qs[j] >> 4];
+    }
   } else {
     const auto& blk = reinterpret_cast<const block_q8_0*>(row)[b];
     for (int j = 0; j < 32; ++j) out[j] = blk.qs[j];
   }
 }
 uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
-  uint16_t d;  // d is the first field of both block types
+  uint16_t d;  // d is the first field of every 32-block type
   std::memcpy(&d, w.data.data() + (size_t)r * w.stride + (size_t)b * row_size(w.t, 32), 2);
   return d;
 }
