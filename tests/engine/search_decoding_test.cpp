@@ -123,6 +123,19 @@ Crowd crowd(bool crowded, int n_blocks, int32_t max_batch_tokens, int prompt_len
   return c;
 }
 
+// Calls `attempt(crowded)` alone, then crowded until an attempt was really
+// preempted (at most 10 tries). `attempt` checks its results and returns the
+// engine's preemptions. Whether the greedy request is still running when the
+// search arrives is up to thread timing: on a loaded machine the submitting
+// thread can lose the CPU while the engine finishes the greedy request.
+template <class F>
+void alone_then_crowded(F attempt) {
+  attempt(false);
+  for (int i = 0; i < 10; ++i)
+    if (attempt(true) > 0) return;
+  ADD_FAILURE() << "10 crowded attempts and no preemption";
+}
+
 // Beam search with a beam wider than every step's set of running candidates
 // returns the exhaustive search's best sequences: 4 allowed tokens (one of
 // them a stop token), at most 3 generated tokens: 40 sequences in all.
@@ -383,20 +396,20 @@ TEST(SearchDecoding, DiverseBeamSearchMatchesTheSlowReference) {
   EXPECT_TRUE(differs);
   // Alone, then beside a greedy request in a pool so small that sequences are
   // preempted and recomputed.
-  for (const bool crowded : {false, true}) {
+  alone_then_crowded([&](bool crowded) -> int64_t {
     Crowd c = crowd(crowded, 12, 512, 36, 8);
     auto& e = c.engine;
     auto& other = c.other;
     const auto got = run(*e, diverse_request());
-    ASSERT_EQ(got.size(), 4u);
-    for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got.size(), 4u);
+    for (size_t i = 0; i < std::min<size_t>(4, got.size()); ++i) {
       EXPECT_EQ(got[i].tokens, want[i].tokens) << "crowded " << crowded << " rank " << i;
       EXPECT_NEAR(got[i].score, want[i].score, 1e-4) << i;
     }
     if (other) collect(*other, 1);
-    if (crowded) EXPECT_GT(e->stats().preemptions, 0);
     expect_pool_empty(*e);
-  }
+    return e->stats().preemptions;
+  });
 }
 
 // Contrastive search, written plainly: the context and each candidate rerun
@@ -447,7 +460,7 @@ TEST(SearchDecoding, ContrastiveSearchMatchesTheSlowReference) {
     EXPECT_NE(std::vector<TokenId>(greedy.begin(), greedy.begin() + (ptrdiff_t)std::min(greedy.size(), want.size())),
               want);
   }
-  for (const bool crowded : {false, true}) {
+  alone_then_crowded([&](bool crowded) -> int64_t {
     // Crowded: chunked prefill of the prompt, too.
     Crowd c = crowd(crowded, 20, crowded ? 5 : 512, 50, 10);
     auto& e = c.engine;
@@ -458,12 +471,12 @@ TEST(SearchDecoding, ContrastiveSearchMatchesTheSlowReference) {
     r.params.top_k = 4;
     r.params.max_tokens = 10;
     const auto got = run(*e, r);
-    ASSERT_EQ(got.size(), 1u);
-    EXPECT_EQ(got[0].tokens, want) << "crowded " << crowded;
+    EXPECT_EQ(got.size(), 1u);
+    if (!got.empty()) EXPECT_EQ(got[0].tokens, want) << "crowded " << crowded;
     if (other) collect(*other, 1);
-    if (crowded) EXPECT_GT(e->stats().preemptions, 0);
     expect_pool_empty(*e);
-  }
+    return e->stats().preemptions;
+  });
 }
 
 TEST(SearchDecoding, CancelFreesEveryBeamAndBadValuesAreRefused) {
