@@ -472,7 +472,9 @@ TEST(SearchDecoding, ContrastiveSearchMatchesTheSlowReference) {
     r.params.max_tokens = 10;
     const auto got = run(*e, r);
     EXPECT_EQ(got.size(), 1u);
-    if (!got.empty()) EXPECT_EQ(got[0].tokens, want) << "crowded " << crowded;
+    if (!got.empty()) {
+      EXPECT_EQ(got[0].tokens, want) << "crowded " << crowded;
+    }
     if (other) collect(*other, 1);
     expect_pool_empty(*e);
     return e->stats().preemptions;
