@@ -9,7 +9,7 @@
 namespace serval {
 namespace {
 
-constexpr int kMaxThreads = 1 << 15;  // chunks must fit the ticket's 16 bits
+constexpr int kMaxThreads = 1 << 15;  // also the most chunks: they must fit the ticket's 16 bits
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -44,7 +44,7 @@ void run_chunk(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int c
 
 ThreadPool::ThreadPool(int n_threads) {
   n_threads = std::clamp(n_threads, 1, kMaxThreads);
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -59,15 +59,17 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain) {
   if (n <= 0) return;
   const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, grain));
-  const int chunks = (int)std::min<int64_t>(n_threads(), max_chunks);
+  const int64_t most = std::min<int64_t>((int64_t)n_threads() * kChunksPerThread, kMaxThreads);
+  const int chunks = n_threads() == 1 ? 1 : (int)std::min<int64_t>(most, max_chunks);
   if (chunks == 1) {
     fn(0, n);
     return;
   }
   fn_ = &fn;
   n_ = n;
-  pending_.store(chunks - 1, std::memory_order_relaxed);
+  pending_.store(chunks, std::memory_order_relaxed);
   ++generation_;
+  next_.store(generation_ << 16, std::memory_order_relaxed);
   // seq_cst store, then seq_cst load of sleepers_: a worker going to sleep
   // increments sleepers_ and then re-reads ticket_, so either it sees this
   // ticket or we see it asleep and wake it.
@@ -76,9 +78,26 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     { std::lock_guard<std::mutex> lk(mu_); }
     cv_work_.notify_all();
   }
-  run_chunk(fn, n, chunks, 0);
+  run_claimed(generation_, chunks);
   wait_done();
   fn_ = nullptr;
+}
+
+// Claims and runs chunks of job `generation` until none is left. A claim is a
+// compare-exchange on next_ that also checks the generation, so a thread that
+// read an old ticket can never take (and lose) a chunk of a newer job.
+void ThreadPool::run_claimed(uint64_t generation, int chunks) {
+  uint64_t c = next_.load(std::memory_order_relaxed);
+  for (;;) {
+    if ((c >> 16) != generation || (int)(c & 0xffff) >= chunks) return;
+    if (!next_.compare_exchange_weak(c, c + 1, std::memory_order_relaxed)) continue;
+    run_chunk(*fn_, n_, chunks, (int)(c & 0xffff));
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1 && caller_waiting_.load()) {
+      { std::lock_guard<std::mutex> lk(mu_); }
+      cv_done_.notify_one();
+    }
+    c = next_.load(std::memory_order_relaxed);
+  }
 }
 
 void ThreadPool::wait_done() {
@@ -91,7 +110,7 @@ void ThreadPool::wait_done() {
   caller_waiting_.store(false, std::memory_order_relaxed);
 }
 
-void ThreadPool::worker_loop(int index) {
+void ThreadPool::worker_loop() {
   uint64_t seen = 0;  // generation of the last job this worker looked at
   for (;;) {
     uint64_t t = 0;
@@ -107,13 +126,7 @@ void ThreadPool::worker_loop(int index) {
     }
     if (stop_.load()) return;
     seen = t >> 16;
-    const int chunks = (int)(t & 0xffff);
-    if (index >= chunks) continue;
-    run_chunk(*fn_, n_, chunks, index);
-    if (pending_.fetch_sub(1) == 1 && caller_waiting_.load()) {
-      { std::lock_guard<std::mutex> lk(mu_); }
-      cv_done_.notify_one();
-    }
+    run_claimed(seen, (int)(t & 0xffff));
   }
 }
 
