@@ -19,6 +19,15 @@ namespace {
 // leave (sequence, KV head, tile) tasks for every thread.
 constexpr int32_t kQueryTile = 16;
 
+// The least work (multiply-adds, weights and attention) for which a step uses
+// the pool at all. Below it (a model of a few million parameters decoding a
+// few tokens) a step takes ~100 µs on one thread, and its kernels' chunks are
+// so short that the hand-offs, and on a shared machine a worker whose core was
+// taken away mid-chunk, cost more than the second core gives: such a step runs
+// on the calling thread alone, and a tiny model is not slower with more
+// threads. (kernels::kMinChunkMacs still decides the split of bigger steps.)
+constexpr int64_t kMinParallelStepMacs = int64_t(1) << 26;
+
 // SERVAL_ATTN selects the attention path, for A/B benchmarks:
 //   tile (default): tiles of up to kQueryTile tokens; token: tiles of one
 //   token (one pass over K/V per token, the old cost); legacy: the old F32
@@ -107,14 +116,22 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)batch.tokens[(size_t)i] * emb_stride,
                         x_.data() + i * dim, dim);
 
+  // The step's multiply-adds: every layer's matrices and attention over the
+  // context for each token, the output matrix for each output row.
+  int64_t step_macs = n_out * dim * c.n_vocab;
+  const int64_t layer_params = dim * (2 * q_dim + 2 * kv_dim + 3 * c.ffn_dim);
+  for (int64_t i = 0; i < n && step_macs < kMinParallelStepMacs; ++i)
+    step_macs += c.n_layers * (layer_params + 2 * (tok_pos[(size_t)i] + 1) * q_dim);
+  ThreadPool* const pool = step_macs >= kMinParallelStepMacs ? pool_ : nullptr;
+
   auto mm = [&](const Matrix& m, const float* in, int64_t rows_n, float* out) {
     if (observer_) (*observer_)(m, in, rows_n);
-    if (m.packed) kernels::matmul(*m.packed, in, rows_n, out, pool_);
-    else kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool_);
+    if (m.packed) kernels::matmul(*m.packed, in, rows_n, out, pool);
+    else kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool);
   };
   // Runs fn over [0, count) on the pool, in chunks of at least `grain` items.
   auto par = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1) {
-    if (pool_) pool_->parallel_for(count, fn, grain);
+    if (pool) pool->parallel_for(count, fn, grain);
     else fn(0, count);
   };
   const float scale = 1.0f / std::sqrt((float)hd);
