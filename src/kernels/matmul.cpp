@@ -198,22 +198,66 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
 }
 
 namespace {
-// Bytes of a block's quants for 16 rows in the X16 layouts (kernel_table.h).
-size_t x16_qs_bytes(DType t) { return t == DType::q4_0 || t == DType::iq4_nl ? 256 : 512; }
+// Where a stored 32-block's fields sit (bytes from the block's start; -1:
+// none), and the bytes of a block's quants for 16 rows in the X16 layouts
+// (kernel_table.h).
+struct X16Fields {
+  int m = -1;   // F16 min (Q4_1, Q5_1)
+  int qh = -1;  // 32 fifth bits (Q5_0, Q5_1)
+  int qs = 2;   // nibbles (16 bytes) or Q8_0's 32 bytes
+  size_t qs_bytes = 256;
+};
+X16Fields x16_fields(DType t) {
+  switch (t) {
+    case DType::q8_0: return {-1, -1, 2, 512};
+    case DType::q4_1: return {2, -1, 4, 256};
+    case DType::q5_0: return {-1, 2, 6, 320};
+    case DType::q5_1: return {2, 4, 8, 320};
+    default: return {};  // Q4_0, IQ4_NL
+  }
+}
+size_t x16_qs_bytes(DType t) { return x16_fields(t).qs_bytes; }
+bool x16_layout(DType t) {
+  switch (t) {
+    case DType::q4_0: case DType::iq4_nl: case DType::q8_0: case DType::q4_1: case DType::q5_0: case DType::q5_1:
+      return true;
+    default:
+      return false;
+  }
+}
 
-// Row l's block b of an X16 group <-> its stored block (Q4_0, IQ4_NL or Q8_0:
-// the F16 d, then the quants).
+// Row l's block b of an X16 group <-> its stored block. The fifth bits go to
+// the 64 bytes after the nibbles: byte 4l + j, bit k = element 4k + j's.
 void x16_put(DType t, uint8_t* group, int64_t nb, int64_t b, int l, const uint8_t* blk) {
-  const size_t qb = x16_qs_bytes(t);
-  const int nk = (int)(qb / 64);
-  for (int k = 0; k < nk; ++k) std::memcpy(group + b * qb + 64 * k + 4 * l, blk + 2 + 4 * k, 4);
-  std::memcpy(group + (size_t)nb * qb + b * 32 + 2 * l, blk, 2);
+  const X16Fields f = x16_fields(t);
+  const int nk = f.qh >= 0 ? 4 : (int)(f.qs_bytes / 64);
+  uint8_t* q = group + b * f.qs_bytes;
+  for (int k = 0; k < nk; ++k) std::memcpy(q + 64 * k + 4 * l, blk + f.qs + 4 * k, 4);
+  if (f.qh >= 0) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + f.qh, 4);
+    for (int j = 0; j < 4; ++j) {
+      uint8_t v = 0;
+      for (int k = 0; k < 8; ++k) v |= (uint8_t)(((qh >> (4 * k + j)) & 1) << k);
+      q[256 + 4 * l + j] = v;
+    }
+  }
+  std::memcpy(group + (size_t)nb * f.qs_bytes + b * 32 + 2 * l, blk, 2);
+  if (f.m >= 0) std::memcpy(group + (size_t)nb * (f.qs_bytes + 32) + b * 32 + 2 * l, blk + f.m, 2);
 }
 void x16_get(DType t, const uint8_t* group, int64_t nb, int64_t b, int l, uint8_t* blk) {
-  const size_t qb = x16_qs_bytes(t);
-  const int nk = (int)(qb / 64);
-  for (int k = 0; k < nk; ++k) std::memcpy(blk + 2 + 4 * k, group + b * qb + 64 * k + 4 * l, 4);
-  std::memcpy(blk, group + (size_t)nb * qb + b * 32 + 2 * l, 2);
+  const X16Fields f = x16_fields(t);
+  const int nk = f.qh >= 0 ? 4 : (int)(f.qs_bytes / 64);
+  const uint8_t* q = group + b * f.qs_bytes;
+  for (int k = 0; k < nk; ++k) std::memcpy(blk + f.qs + 4 * k, q + 64 * k + 4 * l, 4);
+  if (f.qh >= 0) {
+    uint32_t qh = 0;
+    for (int j = 0; j < 4; ++j)
+      for (int k = 0; k < 8; ++k) qh |= (uint32_t)((q[256 + 4 * l + j] >> k) & 1) << (4 * k + j);
+    std::memcpy(blk + f.qh, &qh, 4);
+  }
+  std::memcpy(blk, group + (size_t)nb * f.qs_bytes + b * 32 + 2 * l, 2);
+  if (f.m >= 0) std::memcpy(blk + f.m, group + (size_t)nb * (f.qs_bytes + 32) + b * 32 + 2 * l, 2);
 }
 bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 }  // namespace
@@ -221,19 +265,22 @@ bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 size_t PackedMatrix::group_bytes() const {
   if (is_float16(type_)) return (size_t)cols_ * 32;
   if (const size_t sb = detail::kx16_sb_bytes(type_)) return (size_t)(cols_ / 256) * sb;
-  return (size_t)(cols_ / 32) * (x16_qs_bytes(type_) + 32);
+  const bool affine = x16_fields(type_).m >= 0;
+  return (size_t)(cols_ / 32) * (x16_qs_bytes(type_) + (affine ? 64 : 32));
 }
 
 void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
 
 bool PackedMatrix::packable(DType t) {
-  return t == DType::q4_0 || t == DType::iq4_nl || t == DType::q8_0 || is_float16(t) ||
-         detail::kx16_sb_bytes(t) != 0;
+  return x16_layout(t) || is_float16(t) || detail::kx16_sb_bytes(t) != 0;
 }
 
 PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t cols) {
   static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q8_0) == 34 && offsetof(block_q8_0, qs) == 2);
   static_assert(sizeof(block_iq4_nl) == 18 && offsetof(block_iq4_nl, qs) == 2);
+  static_assert(offsetof(block_q4_1, m) == 2 && offsetof(block_q4_1, qs) == 4);
+  static_assert(offsetof(block_q5_0, qh) == 2 && offsetof(block_q5_0, qs) == 6);
+  static_assert(offsetof(block_q5_1, m) == 2 && offsetof(block_q5_1, qh) == 4 && offsetof(block_q5_1, qs) == 8);
   const size_t sb_bytes = detail::kx16_sb_bytes(t);
   const int64_t bs = sb_bytes ? 256 : is_float16(t) ? 1 : 32;
   SERVAL_ASSERT(packable(t) && rows >= 0 && cols >= 0 && cols % bs == 0);

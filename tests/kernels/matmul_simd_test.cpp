@@ -632,14 +632,38 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
 
 // ---- packed Q4_0 / Q8_0 / Q4_K / Q6_K / F16 / BF16 (kernels::PackedMatrix) ---------
 
-const DType kPackedTypes[] = {DType::q4_0, DType::iq4_nl, DType::q8_0, DType::q4_k, DType::q6_k, DType::f16, DType::bf16};
+const DType kPackedTypes[] = {DType::q4_0, DType::iq4_nl, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0,
+                              DType::q4_k,  DType::q6_k,   DType::f16,  DType::bf16};
+bool is_affine(DType t) { return t == DType::q4_1 || t == DType::q5_1; }
 bool is_k(DType t) { return t == DType::q4_k || t == DType::q6_k; }
 bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
-// The integer weight values of 32-block b of row r (Q4_0: nibble - 8; Q8_0: qs).
-void block_ints(const Weights& w, int64_t r, int64_t b, int32_t out[32]) {
+// The integer weight values of 32-block b of row r by the format's definition
+// (quant_blocks.h; Q4_0: nibble - 8; Q5_0: 5-bit q - 16; Q4_1 / Q5_1: q, the
+// min apart; Q8_0: qs), and the F16 min of the affine ones in *m.
+void block_ints(const Weights& w, int64_t r, int64_t b, int32_t out[32], uint16_t* m = nullptr) {
   const uint8_t* row = w.data.data() + (size_t)r * w.stride;
-  if (w.t == DType::q4_0) {
+  if (w.t == DType::q4_1) {
+    const auto& blk = reinterpret_cast<const block_q4_1*>(row)[b];
+    for (int j = 0; j < 16; ++j) {
+      out[j] = blk.qs[j] & 15;
+      out[j + 16] = blk.qs[j] >> 4;
+    }
+    if (m) *m = blk.m;
+  } else if (w.t == DType::q5_0 || w.t == DType::q5_1) {
+    const uint8_t* qs = w.t == DType::q5_0 ? reinterpret_cast<const block_q5_0*>(row)[b].qs
+                                           : reinterpret_cast<const block_q5_1*>(row)[b].qs;
+    const uint8_t* qhb = w.t == DType::q5_0 ? reinterpret_cast<const block_q5_0*>(row)[b].qh
+                                            : reinterpret_cast<const block_q5_1*>(row)[b].qh;
+    uint32_t qh;
+    std::memcpy(&qh, qhb, 4);
+    const int off = w.t == DType::q5_0 ? 16 : 0;
+    for (int j = 0; j < 16; ++j) {
+      out[j] = ((qs[j] & 15) | (int)((qh >> j) & 1) << 4) - off;
+      out[j + 16] = ((qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - off;
+    }
+    if (m && w.t == DType::q5_1) *m = reinterpret_cast<const block_q5_1*>(row)[b].m;
+  } else if (w.t == DType::q4_0) {
     const auto& blk = reinterpret_cast<const block_q4_0*>(row)[b];
     for (int j = 0; j < 16; ++j) {
       out[j] = (blk.qs[j] & 15) - 8;
@@ -741,7 +765,7 @@ std::vector<float> packed_model_k(const Weights& w, const std::vector<float>& x,
 
 // The documented numerics of matmul(PackedMatrix) at the SIMD levels, written
 // plainly: scalar Q8_0P activations, exact integer block dots, one fmaf per
-// block in block order.
+// block in block order (a second one for the min term of Q4_1 / Q5_1).
 std::vector<float> packed_model(const Weights& w, const std::vector<float>& x, int64_t n) {
   if (is_k(w.t)) return packed_model_k(w, x, n);
   if (is_float16(w.t)) {  // one fmaf per column, in column order
@@ -764,10 +788,15 @@ std::vector<float> packed_model(const Weights& w, const std::vector<float>& x, i
       for (int64_t b = 0; b < nb; ++b) {
         float dx;
         const int8_t* qa = act_unit(act, b, kernels::detail::kActQ8_0PBlockBytes, 36, &dx);
-        int32_t q[32], t = 0;
-        block_ints(w, r, b, q);
-        for (int j = 0; j < 32; ++j) t += q[j] * qa[j];
+        int32_t q[32], t = 0, sa = 0;
+        uint16_t m = 0;
+        block_ints(w, r, b, q, &m);
+        for (int j = 0; j < 32; ++j) {
+          t += q[j] * qa[j];
+          sa += qa[j];
+        }
         acc = std::fmaf((float)t, fp16_to_fp32(block_d(w, r, b)) * dx, acc);
+        if (is_affine(w.t)) acc = std::fmaf((float)sa, fp16_to_fp32(m) * dx, acc);
       }
       y[(size_t)(i * w.rows + r)] = acc;
     }
@@ -801,7 +830,7 @@ TEST(PackedMatrix, RowsRoundTrip) {
     }
   }
   EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q5_k));
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q4_1));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q3_k));
 }
 
 TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
