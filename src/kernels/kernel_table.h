@@ -64,9 +64,10 @@ struct MatmulKernel {
 // 64-byte loads stay aligned. MatmulTask::w_stride is the bytes of a group.
 constexpr int64_t kX16Rows = 16;
 
-// PackedMatrix's K-quant layouts (Q4_Kx16, Q6_Kx16; x86/packed_kq.inc): rows in
-// groups of 16 as above, each group nsb = cols / 256 super-blocks of
-// kQ4Kx16SbBytes / kQ6Kx16SbBytes bytes (64-byte multiples), in order. Row l's
+// PackedMatrix's K-quant layouts (Q4_Kx16, Q6_Kx16, IQ4_XSx16;
+// x86/packed_kq.inc): rows in groups of 16 as above, each group nsb = cols / 256
+// super-blocks of kQ4Kx16SbBytes / kQ6Kx16SbBytes / kIq4XsX16SbBytes bytes
+// (64-byte multiples), in order. Row l's
 // element e of a super-block sits in "quad vector" e / 4 (64 bytes, byte
 // 4l + e % 4). Q4_K (2368 bytes):
 //   uint8_t  qs[32][64]   vector 8p + i: low nibble = element 64p + 4i + j,
@@ -81,8 +82,15 @@ constexpr int64_t kX16Rows = 16;
 //                         nibble, s = 2 / 3: ql vector 2n + 1's
 //   int8_t   sc[16][16]   sub-block (16 elements) scale k of row l at [k][l]
 //   uint16_t d[16]        F16; then 32 bytes of zeros
+// IQ4_XS (2240 bytes): codebook indices (kIq4nlValues)
+//   uint8_t  qs[32][64]   vector 4j + k: low nibble = element 32j + 4k + i,
+//                         high nibble = element 32j + 16 + 4k + i (byte
+//                         4l + i; byte 16j + 4k + i of row l's stored qs)
+//   int8_t   sc[8][16]    sub-block (32 elements) scale j of row l (ls - 32)
+//   uint16_t d[16]        F16; then 32 bytes of zeros
 constexpr size_t kQ4Kx16SbBytes = 2368;
 constexpr size_t kQ6Kx16SbBytes = 3392;
+constexpr size_t kIq4XsX16SbBytes = 2240;
 
 // As kernels::attention, with `scores` holding n_heads / n_kv_heads * n_ctx floats.
 using AttentionFn = void (*)(const float* q, const float* const* k_blocks, const float* const* v_blocks,

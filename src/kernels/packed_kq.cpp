@@ -8,9 +8,10 @@
 namespace serval::kernels::detail {
 namespace {
 
-static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q6_K) == 210);
+static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q6_K) == 210 && sizeof(block_iq4_xs) == 136);
 constexpr size_t kQ4Sc = 2048, kQ4Mn = 2176, kQ4D = 2304, kQ4Dmin = 2336;
 constexpr size_t kQ6Qh = 2048, kQ6Sc = 3072, kQ6D = 3328;
+constexpr size_t kXsSc = 2048, kXsD = 2176;
 
 // Q4_K's 12 scale bytes <-> 8 six-bit scales and mins (llama.cpp's get_scale_min_k4).
 void k4_unpack(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
@@ -62,6 +63,7 @@ size_t kx16_sb_bytes(DType t) {
   switch (t) {
     case DType::q4_k: return kQ4Kx16SbBytes;
     case DType::q6_k: return kQ6Kx16SbBytes;
+    case DType::iq4_xs: return kIq4XsX16SbBytes;
     default: return 0;
   }
 }
@@ -79,6 +81,17 @@ void kx16_put(DType t, uint8_t* sb16, int l, const uint8_t* blk) {
     }
     std::memcpy(sb16 + kQ4D + 2 * l, &b.d, 2);
     std::memcpy(sb16 + kQ4Dmin + 2 * l, &b.dmin, 2);
+    return;
+  }
+  if (t == DType::iq4_xs) {
+    block_iq4_xs b;
+    std::memcpy(&b, blk, sizeof b);
+    for (int j = 0; j < 8; ++j) {
+      for (int k = 0; k < 4; ++k) std::memcpy(sb16 + 64 * (4 * j + k) + 4 * l, b.qs + 16 * j + 4 * k, 4);
+      const int ls = ((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b.scales_h >> (2 * j)) & 3) << 4);
+      sb16[kXsSc + 16 * j + l] = (uint8_t)(int8_t)(ls - 32);
+    }
+    std::memcpy(sb16 + kXsD + 2 * l, &b.d, 2);
     return;
   }
   block_q6_K b;
@@ -106,6 +119,18 @@ void kx16_get(DType t, const uint8_t* sb16, int l, uint8_t* blk) {
     k4_pack(sc, mn, b.scales);
     std::memcpy(&b.d, sb16 + kQ4D + 2 * l, 2);
     std::memcpy(&b.dmin, sb16 + kQ4Dmin + 2 * l, 2);
+    std::memcpy(blk, &b, sizeof b);
+    return;
+  }
+  if (t == DType::iq4_xs) {
+    block_iq4_xs b{};
+    for (int j = 0; j < 8; ++j) {
+      for (int k = 0; k < 4; ++k) std::memcpy(b.qs + 16 * j + 4 * k, sb16 + 64 * (4 * j + k) + 4 * l, 4);
+      const int ls = (int8_t)sb16[kXsSc + 16 * j + l] + 32;
+      b.scales_l[j / 2] |= (uint8_t)((ls & 0xF) << (4 * (j % 2)));
+      b.scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+    }
+    std::memcpy(&b.d, sb16 + kXsD + 2 * l, 2);
     std::memcpy(blk, &b, sizeof b);
     return;
   }

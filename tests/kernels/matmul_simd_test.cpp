@@ -633,9 +633,9 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
 // ---- packed Q4_0 / Q8_0 / Q4_K / Q6_K / F16 / BF16 (kernels::PackedMatrix) ---------
 
 const DType kPackedTypes[] = {DType::q4_0, DType::iq4_nl, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0,
-                              DType::q4_k,  DType::q6_k,   DType::f16,  DType::bf16};
+                              DType::q4_k,  DType::q6_k,   DType::iq4_xs, DType::f16, DType::bf16};
 bool is_affine(DType t) { return t == DType::q4_1 || t == DType::q5_1; }
-bool is_k(DType t) { return t == DType::q4_k || t == DType::q6_k; }
+bool is_k(DType t) { return t == DType::q4_k || t == DType::q6_k || t == DType::iq4_xs; }
 bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 // The integer weight values of 32-block b of row r by the format's definition
@@ -689,6 +689,7 @@ uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
 // Super-block sb of row r as integers, from the stored block by the format's
 // definition (quant_blocks.h): q[256] (Q4_K: 0..15; Q6_K: value - 32, -32..31),
 // the scale of each element's sub-block (sc), Q4_K's per-32 mins (mn[8]), d, dmin.
+// IQ4_XS: q = the codebook value, sc = ls - 32.
 struct KInts {
   int32_t q[256], sc[256], mn[8];
   float d, dmin;
@@ -711,6 +712,17 @@ KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
       }
     k.d = fp16_to_fp32(b.d);
     k.dmin = fp16_to_fp32(b.dmin);
+  } else if (w.t == DType::iq4_xs) {
+    const auto& b = reinterpret_cast<const block_iq4_xs*>(row)[sb];
+    for (int j = 0; j < 8; ++j) {
+      const int ls = ((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b.scales_h >> (2 * j)) & 3) << 4);
+      for (int i = 0; i < 16; ++i) {
+        k.q[32 * j + i] = kIq4nlValues[b.qs[16 * j + i] & 15];
+        k.q[32 * j + 16 + i] = kIq4nlValues[b.qs[16 * j + i] >> 4];
+      }
+      for (int e = 32 * j; e < 32 * j + 32; ++e) k.sc[e] = ls - 32;
+    }
+    k.d = fp16_to_fp32(b.d);
   } else {
     const auto& b = reinterpret_cast<const block_q6_K*>(row)[sb];
     for (int h = 0; h < 2; ++h)
@@ -819,8 +831,8 @@ TEST(PackedMatrix, RowsRoundTrip) {
     const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
     // 3 groups of 16 rows (the last one padded), 3 blocks; Q4_K's scales take 4
     // bytes more per row and super-block (unpacked to bytes), Q6_K pads 32 bytes
-    // per 16-row super-block.
-    const size_t extra = t == DType::q4_k ? 4 * 16 : t == DType::q6_k ? 32 : 0;
+    // per 16-row super-block, IQ4_XS 64 (scales unpacked to bytes, then padding).
+    const size_t extra = t == DType::q4_k ? 4 * 16 : t == DType::q6_k ? 32 : t == DType::iq4_xs ? 64 : 0;
     EXPECT_EQ(p.bytes(), (size_t)3 * 3 * (16 * row_size(t, bs) + extra)) << dtype_name(t);
     std::vector<float> row((size_t)w.cols);
     for (int64_t r = 0; r < w.rows; ++r) {
