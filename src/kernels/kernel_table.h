@@ -64,10 +64,10 @@ struct MatmulKernel {
 // 64-byte loads stay aligned. MatmulTask::w_stride is the bytes of a group.
 constexpr int64_t kX16Rows = 16;
 
-// PackedMatrix's K-quant layouts (Q4_Kx16, Q6_Kx16, IQ4_XSx16;
+// PackedMatrix's K-quant layouts (Q4_Kx16, Q5_Kx16, Q6_Kx16, IQ4_XSx16;
 // x86/packed_kq.inc): rows in groups of 16 as above, each group nsb = cols / 256
-// super-blocks of kQ4Kx16SbBytes / kQ6Kx16SbBytes / kIq4XsX16SbBytes bytes
-// (64-byte multiples), in order. Row l's
+// super-blocks of kQ4Kx16SbBytes / kQ5Kx16SbBytes / kQ6Kx16SbBytes /
+// kIq4XsX16SbBytes bytes (64-byte multiples), in order. Row l's
 // element e of a super-block sits in "quad vector" e / 4 (64 bytes, byte
 // 4l + e % 4). Q4_K (2368 bytes):
 //   uint8_t  qs[32][64]   vector 8p + i: low nibble = element 64p + 4i + j,
@@ -75,6 +75,9 @@ constexpr int64_t kX16Rows = 16;
 //                         that is byte 32p + 4i + j of row l's stored qs)
 //   uint8_t  sc[8][16], mn[8][16]   sub-block scale / min j of row l at [j][l]
 //   uint16_t d[16], dmin[16]        F16
+// Q5_K (2880 bytes): Q4_K's qs, then the fifth bits, then Q4_K's sc .. dmin
+//   uint8_t  qh[8][64]    vector i, byte 4l + j = row l's stored qh[4i + j]:
+//                         bit 2p + h = the fifth bit of element 64p + 32h + 4i + j
 // Q6_K (3392 bytes): 6-bit q (value q - 32)
 //   uint8_t  ql[32][64]   as Q4_K's qs, the low 4 bits of q
 //   uint8_t  qh[16][64]   vector n, byte 4l + j: bits 2s, 2s + 1 = the high bits
@@ -89,6 +92,7 @@ constexpr int64_t kX16Rows = 16;
 //   int8_t   sc[8][16]    sub-block (32 elements) scale j of row l (ls - 32)
 //   uint16_t d[16]        F16; then 32 bytes of zeros
 constexpr size_t kQ4Kx16SbBytes = 2368;
+constexpr size_t kQ5Kx16SbBytes = 2880;
 constexpr size_t kQ6Kx16SbBytes = 3392;
 constexpr size_t kIq4XsX16SbBytes = 2240;
 

@@ -1,5 +1,6 @@
 #include "kernels/packed_kq.h"
 
+#include <cstddef>
 #include <cstring>
 
 #include "kernels/kernel_table.h"
@@ -8,8 +9,10 @@
 namespace serval::kernels::detail {
 namespace {
 
-static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q6_K) == 210 && sizeof(block_iq4_xs) == 136);
+static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q5_K) == 176 && sizeof(block_q6_K) == 210 &&
+              sizeof(block_iq4_xs) == 136);
 constexpr size_t kQ4Sc = 2048, kQ4Mn = 2176, kQ4D = 2304, kQ4Dmin = 2336;
+constexpr size_t kQ5Qh = 2048, kQ5Shift = 512;  // Q5_K: qh, then Q4_K's fields 512 bytes later
 constexpr size_t kQ6Qh = 2048, kQ6Sc = 3072, kQ6D = 3328;
 constexpr size_t kXsSc = 2048, kXsD = 2176;
 
@@ -62,6 +65,7 @@ int q6_slot(int e) { return 2 * (((e % 32) / 4) % 2) + (e % 64) / 32; }
 size_t kx16_sb_bytes(DType t) {
   switch (t) {
     case DType::q4_k: return kQ4Kx16SbBytes;
+    case DType::q5_k: return kQ5Kx16SbBytes;
     case DType::q6_k: return kQ6Kx16SbBytes;
     case DType::iq4_xs: return kIq4XsX16SbBytes;
     default: return 0;
@@ -69,18 +73,29 @@ size_t kx16_sb_bytes(DType t) {
 }
 
 void kx16_put(DType t, uint8_t* sb16, int l, const uint8_t* blk) {
-  if (t == DType::q4_k) {
+  if (t == DType::q4_k || t == DType::q5_k) {
+    // Q5_K is Q4_K's fields (d, dmin, scales, qs) with qh between scales and qs.
     block_q4_K b;
-    std::memcpy(&b, blk, sizeof b);
+    block_q5_K b5;
+    size_t at = 0;
+    if (t == DType::q5_k) {
+      std::memcpy(&b5, blk, sizeof b5);
+      std::memcpy(&b, &b5, offsetof(block_q4_K, qs));  // d, dmin, scales
+      std::memcpy(b.qs, b5.qs, sizeof b.qs);
+      for (int v = 0; v < 8; ++v) std::memcpy(sb16 + kQ5Qh + 64 * v + 4 * l, b5.qh + 4 * v, 4);
+      at = kQ5Shift;
+    } else {
+      std::memcpy(&b, blk, sizeof b);
+    }
     for (int v = 0; v < 32; ++v) std::memcpy(sb16 + 64 * v + 4 * l, b.qs + 4 * v, 4);
     uint8_t sc[8], mn[8];
     k4_unpack(b.scales, sc, mn);
     for (int j = 0; j < 8; ++j) {
-      sb16[kQ4Sc + 16 * j + l] = sc[j];
-      sb16[kQ4Mn + 16 * j + l] = mn[j];
+      sb16[at + kQ4Sc + 16 * j + l] = sc[j];
+      sb16[at + kQ4Mn + 16 * j + l] = mn[j];
     }
-    std::memcpy(sb16 + kQ4D + 2 * l, &b.d, 2);
-    std::memcpy(sb16 + kQ4Dmin + 2 * l, &b.dmin, 2);
+    std::memcpy(sb16 + at + kQ4D + 2 * l, &b.d, 2);
+    std::memcpy(sb16 + at + kQ4Dmin + 2 * l, &b.dmin, 2);
     return;
   }
   if (t == DType::iq4_xs) {
@@ -108,18 +123,27 @@ void kx16_put(DType t, uint8_t* sb16, int l, const uint8_t* blk) {
 }
 
 void kx16_get(DType t, const uint8_t* sb16, int l, uint8_t* blk) {
-  if (t == DType::q4_k) {
+  if (t == DType::q4_k || t == DType::q5_k) {
+    const size_t at = t == DType::q5_k ? kQ5Shift : 0;
     block_q4_K b;
     for (int v = 0; v < 32; ++v) std::memcpy(b.qs + 4 * v, sb16 + 64 * v + 4 * l, 4);
     uint8_t sc[8], mn[8];
     for (int j = 0; j < 8; ++j) {
-      sc[j] = sb16[kQ4Sc + 16 * j + l];
-      mn[j] = sb16[kQ4Mn + 16 * j + l];
+      sc[j] = sb16[at + kQ4Sc + 16 * j + l];
+      mn[j] = sb16[at + kQ4Mn + 16 * j + l];
     }
     k4_pack(sc, mn, b.scales);
-    std::memcpy(&b.d, sb16 + kQ4D + 2 * l, 2);
-    std::memcpy(&b.dmin, sb16 + kQ4Dmin + 2 * l, 2);
-    std::memcpy(blk, &b, sizeof b);
+    std::memcpy(&b.d, sb16 + at + kQ4D + 2 * l, 2);
+    std::memcpy(&b.dmin, sb16 + at + kQ4Dmin + 2 * l, 2);
+    if (t == DType::q4_k) {
+      std::memcpy(blk, &b, sizeof b);
+      return;
+    }
+    block_q5_K b5;
+    std::memcpy(&b5, &b, offsetof(block_q4_K, qs));
+    std::memcpy(b5.qs, b.qs, sizeof b5.qs);
+    for (int v = 0; v < 8; ++v) std::memcpy(b5.qh + 4 * v, sb16 + kQ5Qh + 64 * v + 4 * l, 4);
+    std::memcpy(blk, &b5, sizeof b5);
     return;
   }
   if (t == DType::iq4_xs) {

@@ -633,9 +633,9 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
 // ---- packed Q4_0 / Q8_0 / Q4_K / Q6_K / F16 / BF16 (kernels::PackedMatrix) ---------
 
 const DType kPackedTypes[] = {DType::q4_0, DType::iq4_nl, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0,
-                              DType::q4_k,  DType::q6_k,   DType::iq4_xs, DType::f16, DType::bf16};
+                              DType::q4_k,  DType::q5_k,   DType::q6_k, DType::iq4_xs, DType::f16, DType::bf16};
 bool is_affine(DType t) { return t == DType::q4_1 || t == DType::q5_1; }
-bool is_k(DType t) { return t == DType::q4_k || t == DType::q6_k || t == DType::iq4_xs; }
+bool is_k(DType t) { return t == DType::q4_k || t == DType::q5_k || t == DType::q6_k || t == DType::iq4_xs; }
 bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 // The integer weight values of 32-block b of row r by the format's definition
@@ -687,7 +687,7 @@ uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
 }
 
 // Super-block sb of row r as integers, from the stored block by the format's
-// definition (quant_blocks.h): q[256] (Q4_K: 0..15; Q6_K: value - 32, -32..31),
+// definition (quant_blocks.h): q[256] (Q4_K: 0..15; Q5_K: 0..31; Q6_K: value - 32, -32..31),
 // the scale of each element's sub-block (sc), Q4_K's per-32 mins (mn[8]), d, dmin.
 // IQ4_XS: q = the codebook value, sc = ls - 32.
 struct KInts {
@@ -709,6 +709,21 @@ KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
       for (int l = 0; l < 32; ++l) {
         k.q[64 * p + l] = b.qs[32 * p + l] & 15;
         k.q[64 * p + 32 + l] = b.qs[32 * p + l] >> 4;
+      }
+    k.d = fp16_to_fp32(b.d);
+    k.dmin = fp16_to_fp32(b.dmin);
+  } else if (w.t == DType::q5_k) {
+    const auto& b = reinterpret_cast<const block_q5_K*>(row)[sb];
+    const uint8_t* s = b.scales;
+    for (int j = 0; j < 8; ++j) {
+      const int scj = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+      k.mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      for (int e = 32 * j; e < 32 * j + 32; ++e) k.sc[e] = scj;
+    }
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l) {
+        k.q[64 * p + l] = (b.qs[32 * p + l] & 15) | (((b.qh[l] >> (2 * p)) & 1) << 4);
+        k.q[64 * p + 32 + l] = (b.qs[32 * p + l] >> 4) | (((b.qh[l] >> (2 * p + 1)) & 1) << 4);
       }
     k.d = fp16_to_fp32(b.d);
     k.dmin = fp16_to_fp32(b.dmin);
@@ -764,10 +779,10 @@ std::vector<float> packed_model_k(const Weights& w, const std::vector<float>& x,
         int64_t t = 0, m = 0;
         for (int e = 0; e < 256; ++e) {
           t += (int64_t)k.sc[e] * k.q[e] * qa[e];
-          if (w.t == DType::q4_k) m += (int64_t)k.mn[e / 32] * qa[e];
+          if (w.t == DType::q4_k || w.t == DType::q5_k) m += (int64_t)k.mn[e / 32] * qa[e];
         }
         acc = std::fmaf((float)t, k.d * dx, acc);
-        if (w.t == DType::q4_k) acc = std::fmaf(-(float)m, k.dmin * dx, acc);
+        if (w.t == DType::q4_k || w.t == DType::q5_k) acc = std::fmaf(-(float)m, k.dmin * dx, acc);
       }
       y[(size_t)(i * w.rows + r)] = acc;
     }
@@ -830,9 +845,9 @@ TEST(PackedMatrix, RowsRoundTrip) {
     ASSERT_TRUE(kernels::PackedMatrix::packable(t));
     const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
     // 3 groups of 16 rows (the last one padded), 3 blocks; Q4_K's scales take 4
-    // bytes more per row and super-block (unpacked to bytes), Q6_K pads 32 bytes
+    // bytes more per row and super-block (unpacked to bytes; Q5_K too), Q6_K pads 32 bytes
     // per 16-row super-block, IQ4_XS 64 (scales unpacked to bytes, then padding).
-    const size_t extra = t == DType::q4_k ? 4 * 16 : t == DType::q6_k ? 32 : t == DType::iq4_xs ? 64 : 0;
+    const size_t extra = t == DType::q4_k || t == DType::q5_k ? 4 * 16 : t == DType::q6_k ? 32 : t == DType::iq4_xs ? 64 : 0;
     EXPECT_EQ(p.bytes(), (size_t)3 * 3 * (16 * row_size(t, bs) + extra)) << dtype_name(t);
     std::vector<float> row((size_t)w.cols);
     for (int64_t r = 0; r < w.rows; ++r) {
@@ -841,7 +856,7 @@ TEST(PackedMatrix, RowsRoundTrip) {
           << dtype_name(t) << " row " << r;
     }
   }
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q5_k));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q2_k));
   EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q3_k));
 }
 
