@@ -64,9 +64,9 @@ struct MatmulKernel {
 // 64-byte loads stay aligned. MatmulTask::w_stride is the bytes of a group.
 constexpr int64_t kX16Rows = 16;
 
-// PackedMatrix's K-quant layouts (Q4_Kx16, Q5_Kx16, Q6_Kx16, IQ4_XSx16;
-// x86/packed_kq.inc): rows in groups of 16 as above, each group nsb = cols / 256
-// super-blocks of kQ4Kx16SbBytes / kQ5Kx16SbBytes / kQ6Kx16SbBytes /
+// PackedMatrix's K-quant layouts (Q3_Kx16, Q4_Kx16, Q5_Kx16, Q6_Kx16,
+// IQ4_XSx16; x86/packed_kq.inc): rows in groups of 16 as above, each group
+// nsb = cols / 256 super-blocks of kQ3Kx16SbBytes / kQ4Kx16SbBytes / ... /
 // kIq4XsX16SbBytes bytes (64-byte multiples), in order. Row l's
 // element e of a super-block sits in "quad vector" e / 4 (64 bytes, byte
 // 4l + e % 4). Q4_K (2368 bytes):
@@ -85,12 +85,21 @@ constexpr int64_t kX16Rows = 16;
 //                         nibble, s = 2 / 3: ql vector 2n + 1's
 //   int8_t   sc[16][16]   sub-block (16 elements) scale k of row l at [k][l]
 //   uint16_t d[16]        F16; then 32 bytes of zeros
+// Q3_K (1856 bytes): 3-bit q (value q - 4)
+//   uint8_t  qs[2][8][64] vector (h, i), byte 4l + j = row l's stored
+//                         qs[32h + 4i + j]: bits 2k, 2k + 1 = the low bits of
+//                         element 128h + 32k + 4i + j
+//   uint8_t  hm[8][64]    vector i, byte 4l + j = row l's stored hmask[4i + j]:
+//                         bit 4h + k = the high bit of element 128h + 32k + 4i + j
+//   int8_t   sc[16][16]   sub-block (16 elements) scale s of row l (sc - 32)
+//   uint16_t d[16]        F16; then 32 bytes of zeros
 // IQ4_XS (2240 bytes): codebook indices (kIq4nlValues)
 //   uint8_t  qs[32][64]   vector 4j + k: low nibble = element 32j + 4k + i,
 //                         high nibble = element 32j + 16 + 4k + i (byte
 //                         4l + i; byte 16j + 4k + i of row l's stored qs)
 //   int8_t   sc[8][16]    sub-block (32 elements) scale j of row l (ls - 32)
 //   uint16_t d[16]        F16; then 32 bytes of zeros
+constexpr size_t kQ3Kx16SbBytes = 1856;
 constexpr size_t kQ4Kx16SbBytes = 2368;
 constexpr size_t kQ5Kx16SbBytes = 2880;
 constexpr size_t kQ6Kx16SbBytes = 3392;

@@ -9,12 +9,30 @@
 namespace serval::kernels::detail {
 namespace {
 
-static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q5_K) == 176 && sizeof(block_q6_K) == 210 &&
-              sizeof(block_iq4_xs) == 136);
+static_assert(sizeof(block_q3_K) == 110 && sizeof(block_q4_K) == 144 && sizeof(block_q5_K) == 176 &&
+              sizeof(block_q6_K) == 210 && sizeof(block_iq4_xs) == 136);
 constexpr size_t kQ4Sc = 2048, kQ4Mn = 2176, kQ4D = 2304, kQ4Dmin = 2336;
 constexpr size_t kQ5Qh = 2048, kQ5Shift = 512;  // Q5_K: qh, then Q4_K's fields 512 bytes later
 constexpr size_t kQ6Qh = 2048, kQ6Sc = 3072, kQ6D = 3328;
 constexpr size_t kXsSc = 2048, kXsD = 2176;
+constexpr size_t kQ3Hm = 1024, kQ3Sc = 1536, kQ3D = 1792;
+
+// Q3_K's 12 scale bytes <-> 16 six-bit scales, biased by 32 (quant_blocks.h).
+void q3_scales_unpack(const uint8_t* s, int8_t out[16]) {
+  for (int i = 0; i < 16; ++i) {
+    const int lo = i < 8 ? (s[i] & 0x0F) : (s[i - 8] >> 4);
+    const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    out[i] = (int8_t)((lo | (hi << 4)) - 32);
+  }
+}
+void q3_scales_pack(const int8_t in[16], uint8_t* s) {
+  std::memset(s, 0, 12);
+  for (int i = 0; i < 16; ++i) {
+    const int v = in[i] + 32;
+    s[i < 8 ? i : i - 8] |= (uint8_t)((v & 0x0F) << (i < 8 ? 0 : 4));
+    s[8 + i % 4] |= (uint8_t)(((v >> 4) & 3) << (2 * (i / 4)));
+  }
+}
 
 // Q4_K's 12 scale bytes <-> 8 six-bit scales and mins (llama.cpp's get_scale_min_k4).
 void k4_unpack(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
@@ -64,6 +82,7 @@ int q6_slot(int e) { return 2 * (((e % 32) / 4) % 2) + (e % 64) / 32; }
 
 size_t kx16_sb_bytes(DType t) {
   switch (t) {
+    case DType::q3_k: return kQ3Kx16SbBytes;
     case DType::q4_k: return kQ4Kx16SbBytes;
     case DType::q5_k: return kQ5Kx16SbBytes;
     case DType::q6_k: return kQ6Kx16SbBytes;
@@ -96,6 +115,17 @@ void kx16_put(DType t, uint8_t* sb16, int l, const uint8_t* blk) {
     }
     std::memcpy(sb16 + at + kQ4D + 2 * l, &b.d, 2);
     std::memcpy(sb16 + at + kQ4Dmin + 2 * l, &b.dmin, 2);
+    return;
+  }
+  if (t == DType::q3_k) {
+    block_q3_K b;
+    std::memcpy(&b, blk, sizeof b);
+    for (int v = 0; v < 16; ++v) std::memcpy(sb16 + 64 * v + 4 * l, b.qs + 4 * v, 4);
+    for (int v = 0; v < 8; ++v) std::memcpy(sb16 + kQ3Hm + 64 * v + 4 * l, b.hmask + 4 * v, 4);
+    int8_t sc[16];
+    q3_scales_unpack(b.scales, sc);
+    for (int k = 0; k < 16; ++k) sb16[kQ3Sc + 16 * k + l] = (uint8_t)sc[k];
+    std::memcpy(sb16 + kQ3D + 2 * l, &b.d, 2);
     return;
   }
   if (t == DType::iq4_xs) {
@@ -144,6 +174,17 @@ void kx16_get(DType t, const uint8_t* sb16, int l, uint8_t* blk) {
     std::memcpy(b5.qs, b.qs, sizeof b5.qs);
     for (int v = 0; v < 8; ++v) std::memcpy(b5.qh + 4 * v, sb16 + kQ5Qh + 64 * v + 4 * l, 4);
     std::memcpy(blk, &b5, sizeof b5);
+    return;
+  }
+  if (t == DType::q3_k) {
+    block_q3_K b;
+    for (int v = 0; v < 16; ++v) std::memcpy(b.qs + 4 * v, sb16 + 64 * v + 4 * l, 4);
+    for (int v = 0; v < 8; ++v) std::memcpy(b.hmask + 4 * v, sb16 + kQ3Hm + 64 * v + 4 * l, 4);
+    int8_t sc[16];
+    for (int k = 0; k < 16; ++k) sc[k] = (int8_t)sb16[kQ3Sc + 16 * k + l];
+    q3_scales_pack(sc, b.scales);
+    std::memcpy(&b.d, sb16 + kQ3D + 2 * l, 2);
+    std::memcpy(blk, &b, sizeof b);
     return;
   }
   if (t == DType::iq4_xs) {

@@ -633,9 +633,12 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
 // ---- packed Q4_0 / Q8_0 / Q4_K / Q6_K / F16 / BF16 (kernels::PackedMatrix) ---------
 
 const DType kPackedTypes[] = {DType::q4_0, DType::iq4_nl, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0,
-                              DType::q4_k,  DType::q5_k,   DType::q6_k, DType::iq4_xs, DType::f16, DType::bf16};
+                              DType::q3_k,  DType::q4_k,   DType::q5_k, DType::q6_k, DType::iq4_xs, DType::f16,
+                              DType::bf16};
 bool is_affine(DType t) { return t == DType::q4_1 || t == DType::q5_1; }
-bool is_k(DType t) { return t == DType::q4_k || t == DType::q5_k || t == DType::q6_k || t == DType::iq4_xs; }
+bool is_k(DType t) {
+  return t == DType::q3_k || t == DType::q4_k || t == DType::q5_k || t == DType::q6_k || t == DType::iq4_xs;
+}
 bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 // The integer weight values of 32-block b of row r by the format's definition
@@ -687,7 +690,8 @@ uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
 }
 
 // Super-block sb of row r as integers, from the stored block by the format's
-// definition (quant_blocks.h): q[256] (Q4_K: 0..15; Q5_K: 0..31; Q6_K: value - 32, -32..31),
+// definition (quant_blocks.h): q[256] (Q3_K: value - 4, -4..3; Q4_K: 0..15;
+// Q5_K: 0..31; Q6_K: value - 32, -32..31),
 // the scale of each element's sub-block (sc), Q4_K's per-32 mins (mn[8]), d, dmin.
 // IQ4_XS: q = the codebook value, sc = ls - 32.
 struct KInts {
@@ -712,6 +716,19 @@ KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
       }
     k.d = fp16_to_fp32(b.d);
     k.dmin = fp16_to_fp32(b.dmin);
+  } else if (w.t == DType::q3_k) {
+    const auto& b = reinterpret_cast<const block_q3_K*>(row)[sb];
+    for (int i = 0; i < 16; ++i) {
+      const int lo = i < 8 ? (b.scales[i] & 0x0F) : (b.scales[i - 8] >> 4);
+      const int hi = (b.scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+      for (int e = 16 * i; e < 16 * i + 16; ++e) k.sc[e] = (lo | (hi << 4)) - 32;
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int kk = 0; kk < 4; ++kk)
+        for (int l = 0; l < 32; ++l)
+          k.q[128 * h + 32 * kk + l] =
+              (((b.qs[32 * h + l] >> (2 * kk)) & 3) | (((b.hmask[l] >> (4 * h + kk)) & 1) << 2)) - 4;
+    k.d = fp16_to_fp32(b.d);
   } else if (w.t == DType::q5_k) {
     const auto& b = reinterpret_cast<const block_q5_K*>(row)[sb];
     const uint8_t* s = b.scales;
@@ -846,8 +863,13 @@ TEST(PackedMatrix, RowsRoundTrip) {
     const auto p = kernels::PackedMatrix::pack(t, w.data.data(), w.rows, w.cols);
     // 3 groups of 16 rows (the last one padded), 3 blocks; Q4_K's scales take 4
     // bytes more per row and super-block (unpacked to bytes; Q5_K too), Q6_K pads 32 bytes
-    // per 16-row super-block, IQ4_XS 64 (scales unpacked to bytes, then padding).
-    const size_t extra = t == DType::q4_k || t == DType::q5_k ? 4 * 16 : t == DType::q6_k ? 32 : t == DType::iq4_xs ? 64 : 0;
+    // per 16-row super-block, IQ4_XS 64 and Q3_K 96 (scales unpacked to bytes,
+    // then padding).
+    const size_t extra = t == DType::q4_k || t == DType::q5_k ? 4 * 16
+                         : t == DType::q6_k                   ? 32
+                         : t == DType::iq4_xs                 ? 64
+                         : t == DType::q3_k                   ? 96
+                                                              : 0;
     EXPECT_EQ(p.bytes(), (size_t)3 * 3 * (16 * row_size(t, bs) + extra)) << dtype_name(t);
     std::vector<float> row((size_t)w.cols);
     for (int64_t r = 0; r < w.rows; ++r) {
@@ -857,7 +879,7 @@ TEST(PackedMatrix, RowsRoundTrip) {
     }
   }
   EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q2_k));
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q3_k));
+  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::f32));
 }
 
 TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
