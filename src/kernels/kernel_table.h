@@ -64,9 +64,9 @@ struct MatmulKernel {
 // 64-byte loads stay aligned. MatmulTask::w_stride is the bytes of a group.
 constexpr int64_t kX16Rows = 16;
 
-// PackedMatrix's K-quant layouts (Q3_Kx16, Q4_Kx16, Q5_Kx16, Q6_Kx16,
+// PackedMatrix's K-quant layouts (Q2_Kx16, Q3_Kx16, Q4_Kx16, Q5_Kx16, Q6_Kx16,
 // IQ4_XSx16; x86/packed_kq.inc): rows in groups of 16 as above, each group
-// nsb = cols / 256 super-blocks of kQ3Kx16SbBytes / kQ4Kx16SbBytes / ... /
+// nsb = cols / 256 super-blocks of kQ2Kx16SbBytes / kQ3Kx16SbBytes / ... /
 // kIq4XsX16SbBytes bytes (64-byte multiples), in order. Row l's
 // element e of a super-block sits in "quad vector" e / 4 (64 bytes, byte
 // 4l + e % 4). Q4_K (2368 bytes):
@@ -85,6 +85,10 @@ constexpr int64_t kX16Rows = 16;
 //                         nibble, s = 2 / 3: ql vector 2n + 1's
 //   int8_t   sc[16][16]   sub-block (16 elements) scale k of row l at [k][l]
 //   uint16_t d[16]        F16; then 32 bytes of zeros
+// Q2_K (1344 bytes, as stored): 2-bit q, y = d * sc * q - dmin * m
+//   uint8_t  qs[2][8][64] as Q3_K's below
+//   uint8_t  sm[16][16]   sub-block (16 elements) s of row l: scale | min << 4
+//   uint16_t d[16], dmin[16]  F16
 // Q3_K (1856 bytes): 3-bit q (value q - 4)
 //   uint8_t  qs[2][8][64] vector (h, i), byte 4l + j = row l's stored
 //                         qs[32h + 4i + j]: bits 2k, 2k + 1 = the low bits of
@@ -99,6 +103,7 @@ constexpr int64_t kX16Rows = 16;
 //                         4l + i; byte 16j + 4k + i of row l's stored qs)
 //   int8_t   sc[8][16]    sub-block (32 elements) scale j of row l (ls - 32)
 //   uint16_t d[16]        F16; then 32 bytes of zeros
+constexpr size_t kQ2Kx16SbBytes = 1344;
 constexpr size_t kQ3Kx16SbBytes = 1856;
 constexpr size_t kQ4Kx16SbBytes = 2368;
 constexpr size_t kQ5Kx16SbBytes = 2880;

@@ -9,13 +9,14 @@
 namespace serval::kernels::detail {
 namespace {
 
-static_assert(sizeof(block_q3_K) == 110 && sizeof(block_q4_K) == 144 && sizeof(block_q5_K) == 176 &&
+static_assert(sizeof(block_q2_K) == 84 && sizeof(block_q3_K) == 110 && sizeof(block_q4_K) == 144 && sizeof(block_q5_K) == 176 &&
               sizeof(block_q6_K) == 210 && sizeof(block_iq4_xs) == 136);
 constexpr size_t kQ4Sc = 2048, kQ4Mn = 2176, kQ4D = 2304, kQ4Dmin = 2336;
 constexpr size_t kQ5Qh = 2048, kQ5Shift = 512;  // Q5_K: qh, then Q4_K's fields 512 bytes later
 constexpr size_t kQ6Qh = 2048, kQ6Sc = 3072, kQ6D = 3328;
 constexpr size_t kXsSc = 2048, kXsD = 2176;
 constexpr size_t kQ3Hm = 1024, kQ3Sc = 1536, kQ3D = 1792;
+constexpr size_t kQ2Sm = 1024, kQ2D = 1280, kQ2Dmin = 1312;
 
 // Q3_K's 12 scale bytes <-> 16 six-bit scales, biased by 32 (quant_blocks.h).
 void q3_scales_unpack(const uint8_t* s, int8_t out[16]) {
@@ -82,6 +83,7 @@ int q6_slot(int e) { return 2 * (((e % 32) / 4) % 2) + (e % 64) / 32; }
 
 size_t kx16_sb_bytes(DType t) {
   switch (t) {
+    case DType::q2_k: return kQ2Kx16SbBytes;
     case DType::q3_k: return kQ3Kx16SbBytes;
     case DType::q4_k: return kQ4Kx16SbBytes;
     case DType::q5_k: return kQ5Kx16SbBytes;
@@ -115,6 +117,15 @@ void kx16_put(DType t, uint8_t* sb16, int l, const uint8_t* blk) {
     }
     std::memcpy(sb16 + at + kQ4D + 2 * l, &b.d, 2);
     std::memcpy(sb16 + at + kQ4Dmin + 2 * l, &b.dmin, 2);
+    return;
+  }
+  if (t == DType::q2_k) {
+    block_q2_K b;
+    std::memcpy(&b, blk, sizeof b);
+    for (int v = 0; v < 16; ++v) std::memcpy(sb16 + 64 * v + 4 * l, b.qs + 4 * v, 4);
+    for (int k = 0; k < 16; ++k) sb16[kQ2Sm + 16 * k + l] = b.scales[k];
+    std::memcpy(sb16 + kQ2D + 2 * l, &b.d, 2);
+    std::memcpy(sb16 + kQ2Dmin + 2 * l, &b.dmin, 2);
     return;
   }
   if (t == DType::q3_k) {
@@ -174,6 +185,15 @@ void kx16_get(DType t, const uint8_t* sb16, int l, uint8_t* blk) {
     std::memcpy(b5.qs, b.qs, sizeof b5.qs);
     for (int v = 0; v < 8; ++v) std::memcpy(b5.qh + 4 * v, sb16 + kQ5Qh + 64 * v + 4 * l, 4);
     std::memcpy(blk, &b5, sizeof b5);
+    return;
+  }
+  if (t == DType::q2_k) {
+    block_q2_K b;
+    for (int v = 0; v < 16; ++v) std::memcpy(b.qs + 4 * v, sb16 + 64 * v + 4 * l, 4);
+    for (int k = 0; k < 16; ++k) b.scales[k] = sb16[kQ2Sm + 16 * k + l];
+    std::memcpy(&b.d, sb16 + kQ2D + 2 * l, 2);
+    std::memcpy(&b.dmin, sb16 + kQ2Dmin + 2 * l, 2);
+    std::memcpy(blk, &b, sizeof b);
     return;
   }
   if (t == DType::q3_k) {

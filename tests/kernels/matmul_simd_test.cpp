@@ -633,11 +633,11 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
 // ---- packed Q4_0 / Q8_0 / Q4_K / Q6_K / F16 / BF16 (kernels::PackedMatrix) ---------
 
 const DType kPackedTypes[] = {DType::q4_0, DType::iq4_nl, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0,
-                              DType::q3_k,  DType::q4_k,   DType::q5_k, DType::q6_k, DType::iq4_xs, DType::f16,
-                              DType::bf16};
+                              DType::q2_k,  DType::q3_k,   DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_xs,
+                              DType::f16,   DType::bf16};
 bool is_affine(DType t) { return t == DType::q4_1 || t == DType::q5_1; }
 bool is_k(DType t) {
-  return t == DType::q3_k || t == DType::q4_k || t == DType::q5_k || t == DType::q6_k || t == DType::iq4_xs;
+  return t == DType::q2_k || t == DType::q3_k || t == DType::q4_k || t == DType::q5_k || t == DType::q6_k || t == DType::iq4_xs;
 }
 bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
@@ -690,12 +690,13 @@ uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
 }
 
 // Super-block sb of row r as integers, from the stored block by the format's
-// definition (quant_blocks.h): q[256] (Q3_K: value - 4, -4..3; Q4_K: 0..15;
+// definition (quant_blocks.h): q[256] (Q2_K: 0..3; Q3_K: value - 4, -4..3; Q4_K: 0..15;
 // Q5_K: 0..31; Q6_K: value - 32, -32..31),
-// the scale of each element's sub-block (sc), Q4_K's per-32 mins (mn[8]), d, dmin.
+// the scale of each element's sub-block (sc), Q4_K's per-32 mins (mn[8]; Q2_K:
+// per-16, mn16[16]), d, dmin.
 // IQ4_XS: q = the codebook value, sc = ls - 32.
 struct KInts {
-  int32_t q[256], sc[256], mn[8];
+  int32_t q[256], sc[256], mn[8], mn16[16];
   float d, dmin;
 };
 KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
@@ -714,6 +715,17 @@ KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
         k.q[64 * p + l] = b.qs[32 * p + l] & 15;
         k.q[64 * p + 32 + l] = b.qs[32 * p + l] >> 4;
       }
+    k.d = fp16_to_fp32(b.d);
+    k.dmin = fp16_to_fp32(b.dmin);
+  } else if (w.t == DType::q2_k) {
+    const auto& b = reinterpret_cast<const block_q2_K*>(row)[sb];
+    for (int i = 0; i < 16; ++i) {
+      k.mn16[i] = b.scales[i] >> 4;
+      for (int e = 16 * i; e < 16 * i + 16; ++e) k.sc[e] = b.scales[i] & 15;
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int kk = 0; kk < 4; ++kk)
+        for (int l = 0; l < 32; ++l) k.q[128 * h + 32 * kk + l] = (b.qs[32 * h + l] >> (2 * kk)) & 3;
     k.d = fp16_to_fp32(b.d);
     k.dmin = fp16_to_fp32(b.dmin);
   } else if (w.t == DType::q3_k) {
@@ -772,7 +784,7 @@ KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
 
 // The documented numerics of matmul(PackedMatrix) for the K-quants (matmul.h,
 // x86/packed_kq.inc), written plainly: scalar Q8_K activations; per super-block
-// T = sum sc * q * a, M = sum mn_j * (sum of a over sub-block j) (Q4_K), then
+// T = sum sc * q * a, M = sum mn_j * (sum of a over sub-block j) (Q4_K, Q5_K, Q2_K), then
 // acc = fma(T, d * dx, acc) and acc = acc - M * (dmin * dx) (one rounding).
 // Block b of a prepared activation row: its int8 quants, and its scale (at d_off) in *dx.
 const int8_t* act_unit(const std::vector<uint8_t>& act, int64_t b, size_t unit_bytes, size_t d_off, float* dx) {
@@ -797,9 +809,10 @@ std::vector<float> packed_model_k(const Weights& w, const std::vector<float>& x,
         for (int e = 0; e < 256; ++e) {
           t += (int64_t)k.sc[e] * k.q[e] * qa[e];
           if (w.t == DType::q4_k || w.t == DType::q5_k) m += (int64_t)k.mn[e / 32] * qa[e];
+          if (w.t == DType::q2_k) m += (int64_t)k.mn16[e / 16] * qa[e];
         }
         acc = std::fmaf((float)t, k.d * dx, acc);
-        if (w.t == DType::q4_k || w.t == DType::q5_k) acc = std::fmaf(-(float)m, k.dmin * dx, acc);
+        if (w.t == DType::q4_k || w.t == DType::q5_k || w.t == DType::q2_k) acc = std::fmaf(-(float)m, k.dmin * dx, acc);
       }
       y[(size_t)(i * w.rows + r)] = acc;
     }
@@ -878,7 +891,6 @@ TEST(PackedMatrix, RowsRoundTrip) {
           << dtype_name(t) << " row " << r;
     }
   }
-  EXPECT_FALSE(kernels::PackedMatrix::packable(DType::q2_k));
   EXPECT_FALSE(kernels::PackedMatrix::packable(DType::f32));
 }
 
