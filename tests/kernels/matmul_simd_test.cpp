@@ -702,9 +702,14 @@ struct KInts {
 KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
   KInts k{};
   const uint8_t* row = w.data.data() + (size_t)r * w.stride;
-  if (w.t == DType::q4_k) {
-    const auto& b = reinterpret_cast<const block_q4_K*>(row)[sb];
-    const uint8_t* s = b.scales;
+  if (w.t == DType::q4_k || w.t == DType::q5_k) {
+    // Q5_K: Q4_K's fields with qh, the fifth bit of element 64p + l (bit 2p
+    // of qh[l]) and of 64p + 32 + l (bit 2p + 1).
+    const bool q5 = w.t == DType::q5_k;
+    const auto* b4 = reinterpret_cast<const block_q4_K*>(row) + sb;
+    const auto* b5 = reinterpret_cast<const block_q5_K*>(row) + sb;
+    const uint8_t* s = q5 ? b5->scales : b4->scales;
+    const uint8_t* qs = q5 ? b5->qs : b4->qs;
     for (int j = 0; j < 8; ++j) {
       const int scj = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
       k.mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
@@ -712,11 +717,12 @@ KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
     }
     for (int p = 0; p < 4; ++p)
       for (int l = 0; l < 32; ++l) {
-        k.q[64 * p + l] = b.qs[32 * p + l] & 15;
-        k.q[64 * p + 32 + l] = b.qs[32 * p + l] >> 4;
+        const int h0 = q5 ? ((b5->qh[l] >> (2 * p)) & 1) << 4 : 0, h1 = q5 ? ((b5->qh[l] >> (2 * p + 1)) & 1) << 4 : 0;
+        k.q[64 * p + l] = (qs[32 * p + l] & 15) | h0;
+        k.q[64 * p + 32 + l] = (qs[32 * p + l] >> 4) | h1;
       }
-    k.d = fp16_to_fp32(b.d);
-    k.dmin = fp16_to_fp32(b.dmin);
+    k.d = fp16_to_fp32(q5 ? b5->d : b4->d);
+    k.dmin = fp16_to_fp32(q5 ? b5->dmin : b4->dmin);
   } else if (w.t == DType::q2_k) {
     const auto& b = reinterpret_cast<const block_q2_K*>(row)[sb];
     for (int i = 0; i < 16; ++i) {
@@ -741,21 +747,6 @@ KInts k_ints(const Weights& w, int64_t r, int64_t sb) {
           k.q[128 * h + 32 * kk + l] =
               (((b.qs[32 * h + l] >> (2 * kk)) & 3) | (((b.hmask[l] >> (4 * h + kk)) & 1) << 2)) - 4;
     k.d = fp16_to_fp32(b.d);
-  } else if (w.t == DType::q5_k) {
-    const auto& b = reinterpret_cast<const block_q5_K*>(row)[sb];
-    const uint8_t* s = b.scales;
-    for (int j = 0; j < 8; ++j) {
-      const int scj = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-      k.mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-      for (int e = 32 * j; e < 32 * j + 32; ++e) k.sc[e] = scj;
-    }
-    for (int p = 0; p < 4; ++p)
-      for (int l = 0; l < 32; ++l) {
-        k.q[64 * p + l] = (b.qs[32 * p + l] & 15) | (((b.qh[l] >> (2 * p)) & 1) << 4);
-        k.q[64 * p + 32 + l] = (b.qs[32 * p + l] >> 4) | (((b.qh[l] >> (2 * p + 1)) & 1) << 4);
-      }
-    k.d = fp16_to_fp32(b.d);
-    k.dmin = fp16_to_fp32(b.dmin);
   } else if (w.t == DType::iq4_xs) {
     const auto& b = reinterpret_cast<const block_iq4_xs*>(row)[sb];
     for (int j = 0; j < 8; ++j) {
