@@ -48,19 +48,22 @@ struct MatmulKernel {
 
 // PackedMatrix's X16 layouts (Q4_0x16, IQ4_NLx16, Q4_1x16, Q5_0x16, Q5_1x16,
 // Q8_0x16): rows in groups of 16 (rows past the end of the last group are
-// zero), nb = cols / 32 blocks of 32 columns; each row group takes
-// nb * (Q + 32 (+ 32 with a min)) bytes, Q = 256 (Q4_0, IQ4_NL, Q4_1: the same
-// nibble layout, codes instead of q - 8 for IQ4_NL), 320 (Q5_0, Q5_1: the
-// nibbles, then 64 bytes of fifth bits) or 512 (Q8_0), from g * (group bytes):
-//   uint8_t  qs[nb][Q / 64][64]  nibbles: qs[b][k][4 * l + j] (k < 4) = byte
+// zero), nb = cols / 32 blocks of 32 columns, in pairs (an odd nb pads the last
+// pair with zeros); each pair of blocks b, b + 1 (b even) takes
+// 2 * Q + 64 (+ 64 with a min) bytes: both blocks' quants, both blocks' scales,
+// both blocks' mins, so that one stream carries them all. Q = 256 (Q4_0,
+// IQ4_NL, Q4_1: the same nibble layout, codes instead of q - 8 for IQ4_NL),
+// 320 (Q5_0, Q5_1: the nibbles, then 64 bytes of fifth bits) or 512 (Q8_0).
+// A group takes ceil(nb / 2) pairs, from g * (group bytes); per block b:
+//   uint8_t  qs[Q / 64][64]  nibbles: qs[b][k][4 * l + j] (k < 4) = byte
 //                                4k + j of the qs of row l's block b, so
 //                                (qs[b][k] & 15) holds elements 4k..4k+3 of
 //                                every row and (qs[b][k] >> 4) elements
 //                                16 + 4k..16 + 4k + 3; Q5: qs[b][4][4 * l + j]
 //                                bit k = the fifth bit of element 4k + j;
 //                                Q8_0: qs[b][k][4 * l + j] = element 4k + j
-//   uint16_t d[nb][16]           F16 scale of row l's block b at d[b][l]
-//   uint16_t m[nb][16]           F16 min (Q4_1, Q5_1)
+//   uint16_t d[16]           F16 scale of row l's block b at d[b][l]
+//   uint16_t m[16]           F16 min (Q4_1, Q5_1)
 // 64-byte loads stay aligned. MatmulTask::w_stride is the bytes of a group.
 constexpr int64_t kX16Rows = 16;
 

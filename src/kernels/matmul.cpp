@@ -216,7 +216,14 @@ X16Fields x16_fields(DType t) {
     default: return {};  // Q4_0, IQ4_NL
   }
 }
-size_t x16_qs_bytes(DType t) { return x16_fields(t).qs_bytes; }
+// Blocks come in pairs (kernel_table.h): both quants, both scales, both mins.
+size_t x16_pair_bytes(const X16Fields& f) { return 2 * f.qs_bytes + (f.m >= 0 ? 128 : 64); }
+size_t x16_qs_at(const X16Fields& f, int64_t b) {
+  return (size_t)(b / 2) * x16_pair_bytes(f) + (size_t)(b % 2) * f.qs_bytes;
+}
+size_t x16_d_at(const X16Fields& f, int64_t b) {
+  return (size_t)(b / 2) * x16_pair_bytes(f) + 2 * f.qs_bytes + (size_t)(b % 2) * 32;
+}
 bool x16_layout(DType t) {
   switch (t) {
     case DType::q4_0: case DType::iq4_nl: case DType::q8_0: case DType::q4_1: case DType::q5_0: case DType::q5_1:
@@ -228,10 +235,10 @@ bool x16_layout(DType t) {
 
 // Row l's block b of an X16 group <-> its stored block. The fifth bits go to
 // the 64 bytes after the nibbles: byte 4l + j, bit k = element 4k + j's.
-void x16_put(DType t, uint8_t* group, int64_t nb, int64_t b, int l, const uint8_t* blk) {
+void x16_put(DType t, uint8_t* group, int64_t b, int l, const uint8_t* blk) {
   const X16Fields f = x16_fields(t);
   const int nk = f.qh >= 0 ? 4 : (int)(f.qs_bytes / 64);
-  uint8_t* q = group + b * f.qs_bytes;
+  uint8_t* q = group + x16_qs_at(f, b);
   for (int k = 0; k < nk; ++k) std::memcpy(q + 64 * k + 4 * l, blk + f.qs + 4 * k, 4);
   if (f.qh >= 0) {
     uint32_t qh;
@@ -242,13 +249,13 @@ void x16_put(DType t, uint8_t* group, int64_t nb, int64_t b, int l, const uint8_
       q[256 + 4 * l + j] = v;
     }
   }
-  std::memcpy(group + (size_t)nb * f.qs_bytes + b * 32 + 2 * l, blk, 2);
-  if (f.m >= 0) std::memcpy(group + (size_t)nb * (f.qs_bytes + 32) + b * 32 + 2 * l, blk + f.m, 2);
+  std::memcpy(group + x16_d_at(f, b) + 2 * l, blk, 2);
+  if (f.m >= 0) std::memcpy(group + x16_d_at(f, b) + 64 + 2 * l, blk + f.m, 2);
 }
-void x16_get(DType t, const uint8_t* group, int64_t nb, int64_t b, int l, uint8_t* blk) {
+void x16_get(DType t, const uint8_t* group, int64_t b, int l, uint8_t* blk) {
   const X16Fields f = x16_fields(t);
   const int nk = f.qh >= 0 ? 4 : (int)(f.qs_bytes / 64);
-  const uint8_t* q = group + b * f.qs_bytes;
+  const uint8_t* q = group + x16_qs_at(f, b);
   for (int k = 0; k < nk; ++k) std::memcpy(blk + f.qs + 4 * k, q + 64 * k + 4 * l, 4);
   if (f.qh >= 0) {
     uint32_t qh = 0;
@@ -256,8 +263,8 @@ void x16_get(DType t, const uint8_t* group, int64_t nb, int64_t b, int l, uint8_
       for (int k = 0; k < 8; ++k) qh |= (uint32_t)((q[256 + 4 * l + j] >> k) & 1) << (4 * k + j);
     std::memcpy(blk + f.qh, &qh, 4);
   }
-  std::memcpy(blk, group + (size_t)nb * f.qs_bytes + b * 32 + 2 * l, 2);
-  if (f.m >= 0) std::memcpy(blk + f.m, group + (size_t)nb * (f.qs_bytes + 32) + b * 32 + 2 * l, 2);
+  std::memcpy(blk, group + x16_d_at(f, b) + 2 * l, 2);
+  if (f.m >= 0) std::memcpy(blk + f.m, group + x16_d_at(f, b) + 64 + 2 * l, 2);
 }
 bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 }  // namespace
@@ -265,8 +272,7 @@ bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 size_t PackedMatrix::group_bytes() const {
   if (is_float16(type_)) return (size_t)cols_ * 32;
   if (const size_t sb = detail::kx16_sb_bytes(type_)) return (size_t)(cols_ / 256) * sb;
-  const bool affine = x16_fields(type_).m >= 0;
-  return (size_t)(cols_ / 32) * (x16_qs_bytes(type_) + (affine ? 64 : 32));
+  return (size_t)((cols_ / 32 + 1) / 2) * x16_pair_bytes(x16_fields(type_));
 }
 
 void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
@@ -313,7 +319,7 @@ PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t co
         detail::kx16_put(t, p.buf_.get() + (size_t)(r / 16) * gb + (size_t)b * sb_bytes, (int)(r % 16),
                          src + (size_t)(r * nb + b) * blk_bytes);
       else
-        x16_put(t, p.buf_.get() + (size_t)(r / 16) * gb, nb, b, (int)(r % 16), src + (size_t)(r * nb + b) * blk_bytes);
+        x16_put(t, p.buf_.get() + (size_t)(r / 16) * gb, b, (int)(r % 16), src + (size_t)(r * nb + b) * blk_bytes);
   return p;
 }
 
@@ -337,7 +343,7 @@ void PackedMatrix::dequantize_row(int64_t r, float* out) const {
   const int64_t nb = cols_ / 32;
   uint8_t blk[34];
   for (int64_t b = 0; b < nb; ++b) {
-    x16_get(type_, g, nb, b, (int)(r % 16), blk);
+    x16_get(type_, g, b, (int)(r % 16), blk);
     ref::dequantize_row(type_, blk, out + b * 32, 32);
   }
 }
