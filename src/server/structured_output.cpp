@@ -51,11 +51,18 @@ std::variant<json, ApiError> tools_schema(const json& tools, const std::string& 
   return schema;
 }
 
+// obj[key] when it is a string, else "" (json::value(key, "") throws when the
+// member exists with another type).
+std::string string_member(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 std::optional<ApiError> check_tools(const json& tools) {
   if (!tools.is_array() || tools.empty()) return bad_request("tools: expected a non-empty array", "tools");
   if (tools.size() > kMaxTools) return bad_request("tools: at most " + std::to_string(kMaxTools) + " tools", "tools");
   for (const json& t : tools) {
-    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object())
+    if (!t.is_object() || string_member(t, "type") != "function" || !t.contains("function") || !t["function"].is_object())
       return bad_request("tools: each tool must be {\"type\": \"function\", \"function\": {...}}", "tools");
     const json& fn = t["function"];
     if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty())
@@ -144,7 +151,7 @@ std::variant<StructuredOutput, ApiError> parse_structured_output(const json& bod
           return bad_request("tool_choice: expected 'auto', 'none', 'required' or {\"type\": \"function\", ...}, got '" +
                                  mode + "'",
                              "tool_choice");
-      } else if (tc->is_object() && tc->value("type", "") == "function" && tc->contains("function") &&
+      } else if (tc->is_object() && string_member(*tc, "type") == "function" && tc->contains("function") &&
                  (*tc)["function"].is_object() && (*tc)["function"].contains("name") &&
                  (*tc)["function"]["name"].is_string()) {
         mode = "required";

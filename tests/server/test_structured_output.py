@@ -348,6 +348,12 @@ def abuse_gets_fast_400(ctx):
         ("bad tool_choice", {"messages": MSG, "tools": TOOLS, "tool_choice": {"type": "function",
                                                                               "function": {"name": "nope"}}},
          "tool_choice", "nope"),
+        # A non-string "type" (a fuzz finding: it threw inside the parser).
+        ("tool type object", {"messages": MSG, "tools": [{"type": {"name": "f"}, "function": {"name": "f"}}]},
+         "tools", "each tool"),
+        ("tool_choice type object", {"messages": MSG, "tools": TOOLS, "tool_choice": {"type": {},
+                                                                                      "function": {"name": "add"}}},
+         "tool_choice", "tool_choice"),
     ]
     for what, extra, param, needle in cases:
         body = dict({"prompt": "x", "max_tokens": 4}, **extra)
