@@ -182,7 +182,7 @@ int cmd_bench_model(int argc, char** argv) {
   if (n_gen > 0) tests.push_back({0, n_gen, n_depth, {}});
 
   const std::string backend = std::string("CPU (") + kernels::active_isa_name() + ")";
-  const std::string model_type = c.arch.name + " " + mf.type_name;
+  const std::string model_type = c.arch + " " + mf.type_name;
   nlohmann::json out = nlohmann::json::array();
   if (format == "md") {
     std::printf("| model | size | params | backend | threads | test | t/s | GB/s | GFLOP/s |\n");

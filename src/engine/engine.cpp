@@ -1092,7 +1092,7 @@ EngineInfo Engine::info() const {
   const auto& f = impl_->model->file();
   auto name = f.get_string("general.name");
   i.model_name = name.ok() && !name->empty() ? *name : std::string("model");
-  i.architecture = impl_->model->config().arch.name;
+  i.architecture = impl_->model->config().arch;
   i.n_vocab = impl_->model->config().n_vocab;
   i.max_model_len = impl_->cfg.max_model_len;
   if (auto t = f.get_string("tokenizer.chat_template"); t.ok()) i.chat_template = *t;

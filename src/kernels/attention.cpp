@@ -52,24 +52,27 @@ void attention_tile_ref(const AttentionTile& t) {
   };
   for (int32_t i = 0; i < t.m; ++i) {
     const int64_t n_ctx = t.p0 + i + 1;
+    const int64_t lo = t.window > 0 ? std::max<int64_t>(0, n_ctx - t.window) : 0;
     for (int32_t h = 0; h < group; ++h) {
       const int32_t qh = t.kv_head * group + h;
       const float* q = t.q + i * t.q_stride + (int64_t)qh * hd;
       float mx = -INFINITY;
-      for (int64_t p = 0; p < n_ctx; ++p) {
+      for (int64_t p = lo; p < n_ctx; ++p) {
         kv_load_row(t.k.type, row(t.k, p, koff), hd, krow.data());
-        s[(size_t)p] = dot_f32(q, krow.data(), hd) * t.scale;
+        float sc = dot_f32(q, krow.data(), hd) * t.scale;
+        if (t.softcap > 0.0f) sc = t.softcap * std::tanh(sc / t.softcap);
+        s[(size_t)p] = sc;
         mx = std::max(mx, s[(size_t)p]);
       }
       double sum = 0.0;
-      for (int64_t p = 0; p < n_ctx; ++p) {
+      for (int64_t p = lo; p < n_ctx; ++p) {
         s[(size_t)p] = std::exp(s[(size_t)p] - mx);
         sum += s[(size_t)p];
       }
       const float inv = (float)(1.0 / sum);
       float* o = t.out + i * t.out_stride + (int64_t)qh * hd;
       std::fill(o, o + hd, 0.0f);
-      for (int64_t p = 0; p < n_ctx; ++p) {
+      for (int64_t p = lo; p < n_ctx; ++p) {
         kv_load_row(t.v.type, row(t.v, p, voff), hd, vrow.data());
         const float w = s[(size_t)p] * inv;
         for (int32_t d = 0; d < hd; ++d) o[d] += w * vrow[(size_t)d];

@@ -17,6 +17,10 @@
 //   e[j]  = vexp(s[j] - mnew) (j < n; 0 beyond);  l = l * a + hsum(e)
 //   acc   = acc * a (skipped when a == 1), then acc = fma(e[j], v_j, acc), j < n
 //   out   = acc * (1 / l)
+// With a sliding window, chunks wholly before the row's lo are skipped and
+// positions before lo in its first chunk are masked (e[j] = 0); the K/V rows
+// before the tile's first lo are never read (their blocks may be released).
+// Soft-capping applies to s[j] before the max.
 // Every step depends only on the row's own query and position, never on the
 // tile's size m or start p0, on the other rows or on the thread split: a row
 // computed alone equals the same row within any tile, bit for bit (batch
@@ -53,7 +57,9 @@ struct AttentionTile {
   const float* q = nullptr;  // token i, query head h at q + i * q_stride + h * head_dim
   int64_t q_stride = 0;
   KvView k, v;
-  int64_t p0 = 0;  // token i sits at position p0 + i and attends to [0, p0 + i]
+  int64_t p0 = 0;  // token i sits at position p0 + i and attends to [lo(p0 + i), p0 + i]
+  int32_t window = 0;  // sliding window: lo(p) = max(0, p - window + 1); 0: lo(p) = 0 (full attention)
+  float softcap = 0.0f;  // > 0: each score s (after scale) becomes softcap * tanh(s / softcap) (Gemma 2)
   int32_t m = 1;   // tokens in the tile
   int32_t n_heads = 1, n_kv_heads = 1, head_dim = 0;
   int32_t kv_head = 0;  // query heads kv_head * group .. + group - 1, group = n_heads / n_kv_heads

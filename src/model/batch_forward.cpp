@@ -9,6 +9,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ref/ops.h"
 #include "kernels/ref/quants.h"
+#include "model/blocks.h"
 
 namespace serval {
 
@@ -112,9 +113,27 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
 
   // x = token embeddings
   const size_t emb_stride = row_size(w.token_embd.type, dim);
-  for (int64_t i = 0; i < n; ++i)
-    ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)batch.tokens[(size_t)i] * emb_stride,
-                        x_.data() + i * dim, dim);
+  for (int64_t i = 0; i < n; ++i) {
+    float* xi = x_.data() + i * dim;
+    ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)batch.tokens[(size_t)i] * emb_stride, xi, dim);
+    if (c.embd_scale != 1.0f)
+      for (int64_t j = 0; j < dim; ++j) xi[j] *= c.embd_scale;
+  }
+  // RoPE angles of every token: one table for the full-attention layers and,
+  // where the family rotates its sliding-window layers differently, one for those.
+  auto with_factors = [&](ref::RopeSpec r) {
+    r.freq_factors = w.rope_factors.empty() ? nullptr : w.rope_factors.data();
+    return r;
+  };
+  const ref::RopeSpec rope_full = with_factors(c.rope), rope_local = with_factors(c.rope_swa);
+  const bool two_ropes = c.has_swa() && blocks::rope_differs(c.rope, c.rope_swa);
+  const int64_t rd = c.rope_dim;
+  cs_full_.resize((size_t)(n * rd));
+  if (two_ropes) cs_swa_.resize((size_t)(n * rd));
+  for (int64_t i = 0; i < n; ++i) {
+    ref::rope_cos_sin(rope_full, tok_pos[(size_t)i], cs_full_.data() + i * rd);
+    if (two_ropes) ref::rope_cos_sin(rope_local, tok_pos[(size_t)i], cs_swa_.data() + i * rd);
+  }
 
   // The step's multiply-adds: every layer's matrices and attention over the
   // context for each token, the output matrix for each output row.
@@ -134,12 +153,13 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     if (pool) pool->parallel_for(count, fn, grain);
     else fn(0, count);
   };
-  const float scale = 1.0f / std::sqrt((float)hd);
+  const float scale = c.query_scale();
 
   // Block pointers per sequence, refreshed per layer.
   std::vector<std::vector<const uint8_t*>> kb(batch.seqs.size()), vb(batch.seqs.size());
   const size_t row_bytes = g.row_bytes();
-  const bool legacy = attn_mode() == AttnMode::legacy && g.type == KvType::f32;
+  const bool legacy = attn_mode() == AttnMode::legacy && g.type == KvType::f32 && !c.has_swa() &&
+                      c.attn_softcap == 0.0f;
   // Attention tiles: runs of up to max_m consecutive tokens of one sequence.
   struct Tile {
     size_t seq;
@@ -174,6 +194,9 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
 
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const LayerWeights& l = w.layers[(size_t)il];
+    const bool local_rope = two_ropes && c.is_swa(il);
+    const ref::RopeSpec& layer_rope = c.is_swa(il) ? rope_local : rope_full;
+    const int32_t window = c.window(il);
     for (int64_t i = 0; i < n; ++i)
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.attn_norm.data(), dim, c.rms_eps);
     mm(l.wq, xn_.data(), n, q_.data());
@@ -187,8 +210,13 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       if (!l.bk.empty()) for (int64_t j = 0; j < kv_dim; ++j) k[j] += l.bk[(size_t)j];
       if (!l.bv.empty()) for (int64_t j = 0; j < kv_dim; ++j) v[j] += l.bv[(size_t)j];
       const int64_t pos = tok_pos[(size_t)i];
-      ref::rope(q, c.n_heads, hd, c.rope_dim, pos, c.rope_freq_base, c.arch.rope);
-      ref::rope(k, c.n_kv_heads, hd, c.rope_dim, pos, c.rope_freq_base, c.arch.rope);
+      if (c.block.qk_norm) {
+        blocks::head_rmsnorm(q, c.n_heads, hd, l.q_norm.data(), c.rms_eps);
+        blocks::head_rmsnorm(k, c.n_kv_heads, hd, l.k_norm.data(), c.rms_eps);
+      }
+      const float* cs = (local_rope ? cs_swa_.data() : cs_full_.data()) + i * rd;
+      ref::rope_apply(q, c.n_heads, hd, layer_rope, cs);
+      ref::rope_apply(k, c.n_kv_heads, hd, layer_rope, cs);
       // Write this token's K/V into its slot.
       const BatchSeq& bs = batch.seqs[(size_t)tok_seq[(size_t)i]];
       const BlockId blk = bs.block_table[(size_t)(pos / g.block_size)];
@@ -243,6 +271,8 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
           t.head_dim = (int32_t)hd;
           t.kv_head = (int32_t)(w % c.n_kv_heads);
           t.scale = scale;
+          t.window = window;
+          t.softcap = c.attn_softcap;
           t.out = attn_.data() + tl.tok * q_dim;
           t.out_stride = q_dim;
           kernels::attention_tile(t);
@@ -250,14 +280,20 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       }, attn_grain);
     }
     mm(l.wo, attn_.data(), n, proj_.data());
+    if (c.block.post_attn_norm)
+      for (int64_t i = 0; i < n; ++i)
+        ref::rmsnorm(proj_.data() + i * dim, proj_.data() + i * dim, l.post_attn_norm.data(), dim, c.rms_eps);
     for (int64_t i = 0; i < n * dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
 
     for (int64_t i = 0; i < n; ++i)
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.ffn_norm.data(), dim, c.rms_eps);
     mm(l.w_gate, xn_.data(), n, gate_.data());
     mm(l.w_up, xn_.data(), n, up_.data());
-    ref::swiglu(hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
+    blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
     mm(l.w_down, hidden_.data(), n, proj_.data());
+    if (c.block.post_ffn_norm)
+      for (int64_t i = 0; i < n; ++i)
+        ref::rmsnorm(proj_.data() + i * dim, proj_.data() + i * dim, l.post_ffn_norm.data(), dim, c.rms_eps);
     for (int64_t i = 0; i < n * dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
   }
 
@@ -285,6 +321,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   }
   logits->resize((size_t)(n_out * c.n_vocab));
   if (n_out > 0) mm(w.output, out_rows_.data(), n_out, logits->data());
+  if (c.final_softcap > 0.0f) ref::softcap(logits->data(), n_out * c.n_vocab, c.final_softcap);
   return {};
 }
 

@@ -65,6 +65,7 @@ class BatchForward {
   const MatmulObserver* observer_ = nullptr;
   // scratch, [n_tokens, ...]
   std::vector<float> x_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, hidden_, out_rows_;
+  std::vector<float> cs_full_, cs_swa_;  // RoPE cos/sin per token, [n_tokens, rope_dim]
 };
 
 }  // namespace serval

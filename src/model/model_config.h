@@ -1,10 +1,13 @@
-// Hyper-parameters of a decoder-only transformer, read from GGUF metadata
-// (`<arch>.embedding_length`, ...), validated, with the architecture's traits.
-// Plain value; thread-compatible.
+// Hyper-parameters of a decoder-only transformer, read from GGUF metadata by
+// the model's family (model/family.h, model/families/*.cpp), validated, with
+// the block recipe that tells the forward passes which shared building blocks
+// the family's layers are made of. Plain value; thread-compatible.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "gguf/gguf_reader.h"
@@ -12,18 +15,38 @@
 
 namespace serval {
 
-// What distinguishes the supported llama.cpp-style families.
-struct ArchTraits {
-  std::string name;        // general.architecture: "llama", "qwen2"
-  ref::RopeLayout rope;    // adjacent (llama) or neox (qwen2)
-  bool qkv_bias;           // qwen2: Q/K/V projections carry a bias
+struct Family;
+
+enum class FfnActivation {
+  silu,       // SwiGLU: silu(gate) * up (llama, qwen, phi3)
+  gelu_tanh,  // GeGLU: gelu_tanh(gate) * up (gemma)
 };
 
-// The traits of `arch`; unsupported for an architecture serval cannot run.
-Expected<ArchTraits> arch_traits(const std::string& arch);
+// Which building blocks a layer is made of, in this order:
+//   x = x * embd_scale                                  (once, after the embedding lookup)
+//   h = rmsnorm(x, attn_norm)
+//   q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)        (fused QKV tensors are split at load)
+//   q, k = rmsnorm per head (attn_q_norm, attn_k_norm)  (qk_norm)
+//   q, k = rope(q, k)                                   (the layer's RopeSpec)
+//   a = attention(q * attn_scale, K, V)                 (sliding window, soft-capping)
+//   a = a Wo;  a = rmsnorm(a, post_attn_norm)           (post_attn_norm)
+//   x = x + a
+//   h = rmsnorm(x, ffn_norm); f = act(h Wgate) * (h Wup) Wdown;  f = rmsnorm(f, post_ffn_norm)
+//   x = x + f
+// and at the end logits = rmsnorm(x, output_norm) Wout, soft-capped by final_softcap.
+struct BlockRecipe {
+  bool qkv_bias = false;        // attn_{q,k,v}.bias (qwen2)
+  bool qk_norm = false;         // attn_{q,k}_norm.weight [head_dim] (qwen3, gemma3)
+  bool post_attn_norm = false;  // post_attention_norm.weight (gemma2/3)
+  bool post_ffn_norm = false;   // post_ffw_norm.weight (gemma2/3)
+  FfnActivation act = FfnActivation::silu;
+};
 
 struct ModelConfig {
-  ArchTraits arch;
+  const Family* family = nullptr;  // never null after read: the family of general.architecture
+  std::string arch;                // general.architecture
+  BlockRecipe block;
+
   int64_t n_vocab = 0;     // rows of token_embd
   int64_t dim = 0;         // embedding_length
   int64_t n_layers = 0;    // block_count
@@ -34,14 +57,67 @@ struct ModelConfig {
   int64_t ffn_dim = 0;     // feed_forward_length
   int64_t n_ctx_train = 0; // context_length
   float rms_eps = 1e-5f;   // attention.layer_norm_rms_epsilon
-  float rope_freq_base = 10000.0f;  // rope.freq_base
+
+  // RoPE of full-attention layers and of sliding-window layers (the
+  // freq_factors pointer is left null here: the factors are a tensor, in
+  // ModelWeights::rope_factors, and the forward passes point at them).
+  ref::RopeSpec rope;
+  ref::RopeSpec rope_swa;
+  float rope_freq_base = 10000.0f;  // rope.spec's base (kept for tools that print it)
+
+  float embd_scale = 1.0f;     // gemma: sqrt(dim)
+  float attn_scale = 0.0f;     // query scale; 0 = 1 / sqrt(head_dim)
+  float attn_softcap = 0.0f;   // attn_logit_softcapping (gemma2); 0 = none
+  float final_softcap = 0.0f;  // final_logit_softcapping (gemma2); 0 = none
+
+  // Sliding-window attention: layer il attends to the last `sliding_window`
+  // positions (itself included) when layer_swa[il]; all positions otherwise.
+  int32_t sliding_window = 0;
+  std::vector<uint8_t> layer_swa;  // [n_layers]; empty = no sliding-window layer
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  bool is_swa(int64_t il) const { return !layer_swa.empty() && layer_swa[(size_t)il] != 0; }
+  int32_t window(int64_t il) const { return is_swa(il) ? sliding_window : 0; }
+  bool has_swa() const {
+    for (uint8_t s : layer_swa)
+      if (s) return true;
+    return false;
+  }
+  float query_scale() const { return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt((float)head_dim); }
 };
 
-// Reads and range-checks the hyper-parameters (n_vocab is filled in from the
-// token embedding by the weight loader). Errors name the key and the value.
+// Reads GGUF metadata for a family: `<arch>.<key>` lookups, range-checked,
+// with errors that name the key and the value.
+class HparamReader {
+ public:
+  HparamReader(const gguf::GgufFile& f, std::string arch) : f_(f), prefix_(std::move(arch) + ".") {}
+
+  // Integer `<arch>.key` into [lo, hi]; `def` when the key is absent and
+  // def >= 0, else a missing key is an error.
+  Status get_int(const std::string& key, int64_t lo, int64_t hi, int64_t def, int64_t* out) const;
+  // Float `<arch>.key` into [lo, hi]; left unchanged when absent.
+  Status get_float(const std::string& key, double lo, double hi, float* out) const;
+  // String `<arch>.key`; left unchanged when absent.
+  Status get_string(const std::string& key, std::string* out) const;
+  bool has(const std::string& key) const;
+  const gguf::GgufFile& file() const { return f_; }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  const gguf::GgufFile& f_;
+  std::string prefix_;
+};
+
+// The hyper-parameters every family shares (embedding_length, block_count,
+// head counts, head size, rope dimension/base/scaling, rms eps, context),
+// into c. Families call it first, then read their own keys.
+Status read_common_hparams(const HparamReader& r, ModelConfig& c);
+
+// Finds the family of general.architecture, reads and range-checks the
+// hyper-parameters (n_vocab is filled in from the token embedding by the
+// weight loader). Errors name the key and the value; an architecture without a
+// family gets "unsupported architecture 'X' (supported: ...)".
 Expected<ModelConfig> read_model_config(const gguf::GgufFile& f);
 
 }  // namespace serval

@@ -5,6 +5,7 @@
 
 #include "kernels/ref/ops.h"
 #include "kernels/ref/quants.h"
+#include "model/blocks.h"
 
 namespace serval {
 
@@ -57,11 +58,13 @@ Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<
   const int64_t pos = n_past_;
   const int64_t dim = c.dim, hd = c.head_dim, kv_dim = c.kv_dim();
   const int64_t group = c.n_heads / c.n_kv_heads;
-  const float scale = 1.0f / std::sqrt((float)hd);
+  const float scale = c.query_scale();
 
   // x = token_embd[token]
   ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)token * row_size(w.token_embd.type, dim),
                       x_.data(), dim);
+  for (int64_t i = 0; i < dim; ++i) x_[(size_t)i] *= c.embd_scale;
+  std::vector<float> cs((size_t)c.rope_dim);
 
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const LayerWeights& l = w.layers[(size_t)il];
@@ -73,8 +76,16 @@ Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<
     if (!l.bq.empty()) for (int64_t i = 0; i < c.q_dim(); ++i) q_[(size_t)i] += l.bq[(size_t)i];
     if (!l.bk.empty()) for (int64_t i = 0; i < kv_dim; ++i) k_[(size_t)i] += l.bk[(size_t)i];
     if (!l.bv.empty()) for (int64_t i = 0; i < kv_dim; ++i) v_[(size_t)i] += l.bv[(size_t)i];
-    ref::rope(q_.data(), c.n_heads, hd, c.rope_dim, pos, c.rope_freq_base, c.arch.rope);
-    ref::rope(k_.data(), c.n_kv_heads, hd, c.rope_dim, pos, c.rope_freq_base, c.arch.rope);
+    if (c.block.qk_norm) {
+      blocks::head_rmsnorm(q_.data(), c.n_heads, hd, l.q_norm.data(), c.rms_eps);
+      blocks::head_rmsnorm(k_.data(), c.n_kv_heads, hd, l.k_norm.data(), c.rms_eps);
+    }
+    const ref::RopeSpec rope = blocks::layer_rope(c, w, il);
+    ref::rope_cos_sin(rope, pos, cs.data());
+    ref::rope_apply(q_.data(), c.n_heads, hd, rope, cs.data());
+    ref::rope_apply(k_.data(), c.n_kv_heads, hd, rope, cs.data());
+    // Sliding-window layers see the last `window` positions, itself included.
+    const int64_t lo = c.window(il) > 0 ? std::max<int64_t>(0, pos + 1 - c.window(il)) : 0;
 
     float* kc = k_cache_.data() + (size_t)(il * n_ctx_ * kv_dim);
     float* vc = v_cache_.data() + (size_t)(il * n_ctx_ * kv_dim);
@@ -84,29 +95,32 @@ Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<
     for (int64_t h = 0; h < c.n_heads; ++h) {
       const int64_t kvh = h / group;
       const float* qh = q_.data() + h * hd;
-      for (int64_t t = 0; t <= pos; ++t) {
+      for (int64_t t = lo; t <= pos; ++t) {
         const float* kt = kc + t * kv_dim + kvh * hd;
         double s = 0.0;
         for (int64_t i = 0; i < hd; ++i) s += (double)qh[i] * kt[i];
         att_[(size_t)t] = (float)s * scale;
       }
-      ref::softmax(att_.data(), pos + 1);
+      if (c.attn_softcap > 0.0f) ref::softcap(att_.data() + lo, pos + 1 - lo, c.attn_softcap);
+      ref::softmax(att_.data() + lo, pos + 1 - lo);
       float* out = attn_out_.data() + h * hd;
       for (int64_t i = 0; i < hd; ++i) {
         double acc = 0.0;
-        for (int64_t t = 0; t <= pos; ++t) acc += (double)att_[(size_t)t] * vc[t * kv_dim + kvh * hd + i];
+        for (int64_t t = lo; t <= pos; ++t) acc += (double)att_[(size_t)t] * vc[t * kv_dim + kvh * hd + i];
         out[i] = (float)acc;
       }
     }
     matvec(l.wo, attn_out_.data(), proj_.data());
+    if (c.block.post_attn_norm) ref::rmsnorm(proj_.data(), proj_.data(), l.post_attn_norm.data(), dim, c.rms_eps);
     for (int64_t i = 0; i < dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
 
     // --- feed-forward (SwiGLU) ---
     ref::rmsnorm(xn_.data(), x_.data(), l.ffn_norm.data(), dim, c.rms_eps);
     matvec(l.w_gate, xn_.data(), gate_.data());
     matvec(l.w_up, xn_.data(), up_.data());
-    ref::swiglu(ffn_.data(), gate_.data(), up_.data(), c.ffn_dim);
+    blocks::gated_act(c.block.act, ffn_.data(), gate_.data(), up_.data(), c.ffn_dim);
     matvec(l.w_down, ffn_.data(), proj_.data());
+    if (c.block.post_ffn_norm) ref::rmsnorm(proj_.data(), proj_.data(), l.post_ffn_norm.data(), dim, c.rms_eps);
     for (int64_t i = 0; i < dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
   }
   ++n_past_;
@@ -114,7 +128,10 @@ Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<
   if (!logits.empty() || !hidden.empty()) {
     ref::rmsnorm(xn_.data(), x_.data(), w.output_norm.data(), dim, c.rms_eps);
     if (!hidden.empty()) std::copy(xn_.begin(), xn_.begin() + dim, hidden.begin());
-    if (!logits.empty()) matvec(w.output, xn_.data(), logits.data());
+    if (!logits.empty()) {
+      matvec(w.output, xn_.data(), logits.data());
+      if (c.final_softcap > 0.0f) ref::softcap(logits.data(), c.n_vocab, c.final_softcap);
+    }
   }
   return {};
 }

@@ -1,5 +1,5 @@
-// The plain, obviously-correct F32 forward pass of the llama family (llama,
-// qwen2), one token at a time, over a contiguous F32 KV cache. It dequantizes
+// The plain, obviously-correct F32 forward pass of every family's block recipe
+// (model_config.h), one token at a time, over a contiguous F32 KV cache. It dequantizes
 // weights on the fly (any supported tensor type), accumulates dot products in
 // double, and stays in the tree for good as the reference that faster paths
 // (SIMD kernels, batched engine, paged KV) are tested against.

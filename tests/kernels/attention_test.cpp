@@ -169,6 +169,8 @@ struct Shape {
   int32_t n_heads, n_kv_heads, head_dim, block_size;
   int64_t p0;
   int32_t m;
+  int32_t window = 0;     // sliding window (0: full attention)
+  float softcap = 0.0f;   // score soft-capping (0: none)
 };
 
 std::vector<float> run_tile(const PagedKv& kv, const std::vector<float>& q, const Shape& s, int64_t p0, int32_t m,
@@ -176,6 +178,12 @@ std::vector<float> run_tile(const PagedKv& kv, const std::vector<float>& q, cons
   const int64_t q_dim = (int64_t)s.n_heads * s.head_dim;
   std::vector<float> out((size_t)(m * q_dim), NAN);
   std::vector<const uint8_t*> kb(kv.kb.begin(), kv.kb.end()), vb(kv.vb.begin(), kv.vb.end());
+  if (s.window > 0) {
+    // Blocks wholly before the first query's window may be released by the
+    // allocator: the kernel must not touch them.
+    const int64_t lo = std::max<int64_t>(0, p0 - s.window + 1);
+    for (int64_t b = 0; (b + 1) * kv.bs <= lo; ++b) kb[(size_t)b] = vb[(size_t)b] = nullptr;
+  }
   for (int32_t g = 0; g < s.n_kv_heads; ++g) {
     kernels::AttentionTile t;
     t.q = q.data() + q_row0 * q_dim;
@@ -189,6 +197,8 @@ std::vector<float> run_tile(const PagedKv& kv, const std::vector<float>& q, cons
     t.head_dim = s.head_dim;
     t.kv_head = g;
     t.scale = 1.0f / std::sqrt((float)s.head_dim);
+    t.window = s.window;
+    t.softcap = s.softcap;
     t.out = out.data();
     t.out_stride = q_dim;
     kernels::attention_tile(t);
@@ -203,17 +213,20 @@ std::vector<double> oracle(const PagedKv& kv, const std::vector<float>& q, const
   for (int32_t i = 0; i < s.m; ++i)
     for (int32_t h = 0; h < s.n_heads; ++h) {
       const int64_t n = s.p0 + i + 1, koff = (h / group) * s.head_dim;
-      std::vector<double> sc((size_t)n);
+      const int64_t lo = s.window > 0 ? std::max<int64_t>(0, n - s.window) : 0;
+      std::vector<double> sc((size_t)n, -INFINITY);
       double mx = -INFINITY, sum = 0;
-      for (int64_t p = 0; p < n; ++p) {
+      for (int64_t p = lo; p < n; ++p) {
         double d = 0;
         for (int32_t j = 0; j < s.head_dim; ++j)
           d += (double)q[(size_t)(i * q_dim + h * s.head_dim + j)] * kv.kf[(size_t)(p * kv.kv_dim + koff + j)];
-        sc[(size_t)p] = d / std::sqrt((double)s.head_dim);
+        d /= std::sqrt((double)s.head_dim);
+        if (s.softcap > 0) d = s.softcap * std::tanh(d / s.softcap);
+        sc[(size_t)p] = d;
         mx = std::max(mx, sc[(size_t)p]);
       }
       for (auto& v : sc) sum += (v = std::exp(v - mx));
-      for (int64_t p = 0; p < n; ++p)
+      for (int64_t p = lo; p < n; ++p)
         for (int32_t j = 0; j < s.head_dim; ++j)
           out[(size_t)(i * q_dim + h * s.head_dim + j)] += sc[(size_t)p] / sum * kv.vf[(size_t)(p * kv.kv_dim + koff + j)];
     }
@@ -256,6 +269,39 @@ TEST(AttentionTile, EveryLevelAndKvTypeMatchesTheOracle) {
         if (simd_ref.empty()) simd_ref = got;
         else EXPECT_EQ(std::memcmp(got.data(), simd_ref.data(), got.size() * 4), 0)
                  << isa_name(isa) << " differs from the first SIMD level, " << kv_type_name(t);
+      }
+    }
+}
+
+// Sliding windows (shorter and longer than a tile, not multiples of 16, 1)
+// and soft-capping, every level and KV type, against the oracle; the blocks
+// before the first query's window are null (released) and never read.
+TEST(AttentionTile, SlidingWindowAndSoftcapMatchTheOracle) {
+  IsaGuard guard;
+  const Shape shapes[] = {{8, 2, 64, 16, 183, 37, 32},     {4, 4, 32, 16, 100, 20, 1},
+                          {6, 2, 40, 16, 70, 3, 21},       {8, 4, 32, 8, 90, 17, 50, 10.0f},
+                          {8, 2, 64, 16, 20, 40, 0, 5.0f}, {4, 2, 64, 16, 300, 16, 17}};
+  for (const Shape& s : shapes)
+    for (KvType t : {KvType::f32, KvType::f16, KvType::q8_0}) {
+      if (!kv_type_check(t, s.head_dim).empty()) continue;
+      const PagedKv kv(t, s.p0 + s.m, s.block_size, s.n_kv_heads * s.head_dim, 13);
+      const auto q = random_q((int64_t)s.m * s.n_heads * s.head_dim, 7);
+      const auto want = oracle(kv, q, s);
+      for (Isa isa : levels()) {
+        ASSERT_EQ(kernels::set_isa(isa), isa);
+        const auto got = run_tile(kv, q, s, s.p0, s.m, 0);
+        double worst = 0;
+        for (size_t j = 0; j < got.size(); ++j) worst = std::max(worst, std::fabs(got[j] - want[j]));
+        EXPECT_LT(worst, 2e-5) << isa_name(isa) << " " << kv_type_name(t) << " window " << s.window << " softcap "
+                               << s.softcap;
+        // Batch invariance holds with a window too.
+        const int64_t q_dim = (int64_t)s.n_heads * s.head_dim;
+        for (int32_t i0 = 0; i0 < s.m; i0 += 5) {
+          const int32_t m = std::min(5, s.m - i0);
+          const auto part = run_tile(kv, q, s, s.p0 + i0, m, i0);
+          EXPECT_EQ(std::memcmp(part.data(), got.data() + i0 * q_dim, part.size() * 4), 0)
+              << isa_name(isa) << " " << kv_type_name(t) << " window " << s.window << " at " << i0;
+        }
       }
     }
 }

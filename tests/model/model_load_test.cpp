@@ -56,7 +56,7 @@ TEST(ModelLoad, Stories260KConfig) {
   auto m = Model::load(kShared + "/models/stories260K.gguf");
   ASSERT_TRUE(m.ok()) << m.status().message();
   const auto& c = (*m)->config();
-  EXPECT_EQ(c.arch.name, "llama");
+  EXPECT_EQ(c.arch, "llama");
   EXPECT_EQ(c.n_vocab, 512);
   EXPECT_EQ(c.dim, 64);
   EXPECT_EQ(c.n_layers, 5);

@@ -1,0 +1,33 @@
+// `llama`: Llama 1/2/3.x, Mistral and Ministral (same architecture key), and
+// every other model llama.cpp's converter writes as `llama`.
+//   keys: the common ones (model_config.h), incl. rope.scaling.{type,factor,
+//         original_context_length} (linear, YaRN)
+//   tensors: token_embd, output_norm, output (optional: tied), rope_freqs
+//            (optional, [rope_dim/2]: Llama 3.1+ frequency factors), per layer
+//            attn_norm, attn_{q,k,v,output}, ffn_norm, ffn_{gate,up,down}
+//   block: RMSNorm, RoPE (adjacent pairs), SwiGLU
+#include "model/family.h"
+
+namespace serval {
+namespace {
+
+Status read_config(const HparamReader& r, ModelConfig& c) {
+  c.rope.layout = c.rope_swa.layout = ref::RopeLayout::adjacent;
+  if (c.rope_dim != c.head_dim)
+    return invalid_file("metadata key '" + r.prefix() + "rope.dimension_count' = " + std::to_string(c.rope_dim) +
+                        ": the llama family rotates the whole head (" + std::to_string(c.head_dim) + ")");
+  return {};
+}
+
+Status load_tensors(TensorLoader& ld, const ModelConfig& c, ModelWeights& w) {
+  SERVAL_RETURN_IF_ERROR(load_standard(ld, c, w));
+  // Llama 3.1+: the converter turns rope_scaling {factor, low/high_freq_factor,
+  // original_max_position_embeddings} into one factor per frequency.
+  return ld.vec("rope_freqs.weight", c.rope_dim / 2, &w.rope_factors, /*optional=*/true);
+}
+
+}  // namespace
+
+extern const Family kLlamaFamily{"llama", read_config, load_tensors};
+
+}  // namespace serval

@@ -1,0 +1,109 @@
+#include "model/family.h"
+
+namespace serval {
+
+Status load_embeddings(TensorLoader& ld, const ModelConfig& c_in, ModelWeights& w) {
+  const gguf::GgufFile& f = ld.file();
+  const gguf::TensorInfo* emb = f.find_tensor("token_embd.weight");
+  if (!emb) return not_found("tensor 'token_embd.weight' is missing");
+  if (emb->dims.size() != 2 || emb->dims[0] != c_in.dim)
+    return invalid_file("tensor 'token_embd.weight': expected shape [" + std::to_string(c_in.dim) +
+                        ", n_vocab], got " + shape_str(emb->dims));
+  const int64_t n_vocab = emb->dims[1];
+  if (n_vocab < 1 || n_vocab > (1 << 24))
+    return invalid_file("tensor 'token_embd.weight': n_vocab " + std::to_string(n_vocab) + " out of range");
+  SERVAL_RETURN_IF_ERROR(ld.matrix("token_embd.weight", n_vocab, c_in.dim, &w.token_embd));
+  SERVAL_RETURN_IF_ERROR(ld.vec("output_norm.weight", c_in.dim, &w.output_norm));
+  SERVAL_RETURN_IF_ERROR(ld.matrix("output.weight", n_vocab, c_in.dim, &w.output, /*optional=*/true));
+  if (!w.output.data) {
+    w.output = w.token_embd;
+    w.tied_output = true;
+  }
+  return {};
+}
+
+namespace {
+
+// Rows [r0, r0 + rows) of m as a matrix of their own.
+Matrix row_view(const Matrix& m, int64_t r0, int64_t rows) {
+  Matrix v = m;
+  v.rows = rows;
+  v.data = m.data + (size_t)r0 * row_size(m.type, m.cols);
+  return v;
+}
+
+}  // namespace
+
+Status load_attention(TensorLoader& ld, const ModelConfig& c, int64_t il, LayerWeights& l) {
+  const std::string p = "blk." + std::to_string(il) + ".";
+  const BlockRecipe& b = c.block;
+  SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_norm.weight", c.dim, &l.attn_norm));
+  if (ld.has(p + "attn_qkv.weight")) {
+    // Fused QKV (phi3): Q rows, then K rows, then V rows.
+    Matrix qkv;
+    SERVAL_RETURN_IF_ERROR(ld.matrix(p + "attn_qkv.weight", c.q_dim() + 2 * c.kv_dim(), c.dim, &qkv));
+    l.wq = row_view(qkv, 0, c.q_dim());
+    l.wk = row_view(qkv, c.q_dim(), c.kv_dim());
+    l.wv = row_view(qkv, c.q_dim() + c.kv_dim(), c.kv_dim());
+  } else {
+    SERVAL_RETURN_IF_ERROR(ld.matrix(p + "attn_q.weight", c.q_dim(), c.dim, &l.wq));
+    SERVAL_RETURN_IF_ERROR(ld.matrix(p + "attn_k.weight", c.kv_dim(), c.dim, &l.wk));
+    SERVAL_RETURN_IF_ERROR(ld.matrix(p + "attn_v.weight", c.kv_dim(), c.dim, &l.wv));
+  }
+  SERVAL_RETURN_IF_ERROR(ld.matrix(p + "attn_output.weight", c.dim, c.q_dim(), &l.wo));
+  // Biases: required by a recipe that has them; a file that carries them for a
+  // family without gets the unused-tensor error (they would change the math).
+  if (b.qkv_bias) {
+    SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_q.bias", c.q_dim(), &l.bq));
+    SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_k.bias", c.kv_dim(), &l.bk));
+    SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_v.bias", c.kv_dim(), &l.bv));
+  }
+  if (b.qk_norm) {
+    SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_q_norm.weight", c.head_dim, &l.q_norm));
+    SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_k_norm.weight", c.head_dim, &l.k_norm));
+  }
+  if (b.post_attn_norm) SERVAL_RETURN_IF_ERROR(ld.vec(p + "post_attention_norm.weight", c.dim, &l.post_attn_norm));
+  return {};
+}
+
+Status load_ffn(TensorLoader& ld, const ModelConfig& c, int64_t il, LayerWeights& l, bool fused_up_gate) {
+  const std::string p = "blk." + std::to_string(il) + ".";
+  SERVAL_RETURN_IF_ERROR(ld.vec(p + "ffn_norm.weight", c.dim, &l.ffn_norm));
+  if (fused_up_gate && !ld.has(p + "ffn_gate.weight")) {
+    // One ffn_up of 2 * ffn rows: the gate's rows, then the up projection's.
+    Matrix up;
+    SERVAL_RETURN_IF_ERROR(ld.matrix(p + "ffn_up.weight", 2 * c.ffn_dim, c.dim, &up));
+    l.w_gate = row_view(up, 0, c.ffn_dim);
+    l.w_up = row_view(up, c.ffn_dim, c.ffn_dim);
+  } else {
+    SERVAL_RETURN_IF_ERROR(ld.matrix(p + "ffn_gate.weight", c.ffn_dim, c.dim, &l.w_gate));
+    SERVAL_RETURN_IF_ERROR(ld.matrix(p + "ffn_up.weight", c.ffn_dim, c.dim, &l.w_up));
+  }
+  SERVAL_RETURN_IF_ERROR(ld.matrix(p + "ffn_down.weight", c.dim, c.ffn_dim, &l.w_down));
+  if (c.block.post_ffn_norm) SERVAL_RETURN_IF_ERROR(ld.vec(p + "post_ffw_norm.weight", c.dim, &l.post_ffn_norm));
+  return {};
+}
+
+Status load_standard(TensorLoader& ld, const ModelConfig& c, ModelWeights& w, bool fused_up_gate) {
+  // Mixture-of-experts layers are a family feature of their own (not here yet):
+  // refuse them by name rather than with a missing ffn_gate.
+  if (auto n = ld.file().get_int(c.arch + ".expert_count"); n.ok() && *n > 0)
+    return unsupported("metadata key '" + c.arch + ".expert_count' = " + std::to_string(*n) +
+                       ": mixture-of-experts '" + c.arch + "' models are not supported yet");
+  SERVAL_RETURN_IF_ERROR(load_embeddings(ld, c, w));
+  w.layers.resize((size_t)c.n_layers);
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    SERVAL_RETURN_IF_ERROR(load_attention(ld, c, il, w.layers[(size_t)il]));
+    SERVAL_RETURN_IF_ERROR(load_ffn(ld, c, il, w.layers[(size_t)il], fused_up_gate));
+  }
+  return {};
+}
+
+void set_swa_period(ModelConfig& c, int64_t period) {
+  c.layer_swa.assign((size_t)c.n_layers, 0);
+  for (int64_t il = 0; il < c.n_layers; ++il) c.layer_swa[(size_t)il] = (il + 1) % period != 0;
+}
+
+void set_swa_all(ModelConfig& c) { c.layer_swa.assign((size_t)c.n_layers, 1); }
+
+}  // namespace serval

@@ -1,0 +1,125 @@
+// The model families (model/families/) against llama.cpp: for each dense
+// family file of ../shared/models/arch/, ik_llama.cpp's greedy paths and top-5
+// log-probs (../shared/golden/arch.json, 40 steps, so the gemma3 file's
+// 32-token sliding window is crossed) teacher-forced through the batched
+// forward at every kernel level this CPU runs, in prefill and in decode
+// steps, and through the reference forward: mean |d logprob| <= 0.005, max
+// <= 0.03 (F16), and our argmax is the golden's greedy token wherever the
+// golden's top-2 gap exceeds 0.01.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "kernels/isa_levels.h"
+#include "model/reference_forward.h"
+#include "model/teacher_forcing.h"
+
+using namespace serval;
+
+namespace {
+
+const std::string kShared = SERVAL_SHARED_DIR;
+const char* const kDense[] = {"mini-llama3-F16.gguf", "mini-qwen3-F16.gguf", "mini-gemma3-F16.gguf",
+                              "mini-phi3-F16.gguf"};
+
+nlohmann::json golden() {
+  std::ifstream in(kShared + "/golden/arch.json");
+  return nlohmann::json::parse(in);
+}
+
+struct Score {
+  double mean = 0, max = 0;
+  int gap_steps = 0, gap_agree = 0;  // steps with a top-2 gap > 0.01, and those where our argmax agrees
+};
+
+// logits_of(tokens) -> [tokens.size(), n_vocab] logits of every position.
+Score score(const nlohmann::json& cases, int64_t n_vocab,
+            const std::function<std::vector<float>(const std::vector<TokenId>&)>& logits_of) {
+  Score r;
+  double sum = 0;
+  int64_t n = 0;
+  for (const auto& c : cases) {
+    auto tokens = c["prompt_tokens"].get<std::vector<TokenId>>();
+    const auto forced = c["greedy_tokens"].get<std::vector<TokenId>>();
+    const size_t n_prompt = tokens.size();
+    tokens.insert(tokens.end(), forced.begin(), forced.end() - 1);
+    const std::vector<float> logits = logits_of(tokens);
+    EXPECT_EQ(logits.size(), tokens.size() * (size_t)n_vocab);
+    if (logits.size() != tokens.size() * (size_t)n_vocab) return {INFINITY, INFINITY, 1, 0};
+    for (size_t step = 0; step < forced.size(); ++step) {
+      const float* l = logits.data() + (n_prompt - 1 + step) * (size_t)n_vocab;
+      double lmax = -INFINITY, z = 0;
+      for (int64_t i = 0; i < n_vocab; ++i) lmax = std::max(lmax, (double)l[i]);
+      for (int64_t i = 0; i < n_vocab; ++i) z += std::exp((double)l[i] - lmax);
+      const auto& top = c["top5_logprobs"][step];
+      for (const auto& e : top) {
+        const double lp = (double)l[e["id"].get<size_t>()] - lmax - std::log(z);
+        const double d = std::fabs(lp - e["logprob"].get<double>());
+        sum += d;
+        r.max = std::max(r.max, d);
+        ++n;
+      }
+      if (top[0]["logprob"].get<double>() - top[1]["logprob"].get<double>() > 0.01) {
+        ++r.gap_steps;
+        r.gap_agree += std::max_element(l, l + n_vocab) - l == forced[step];
+      }
+    }
+  }
+  r.mean = n ? sum / (double)n : INFINITY;
+  return r;
+}
+
+void expect_close(const Score& r, const std::string& what) {
+  std::printf("%-44s mean |d logprob| %.5f  max %.5f  greedy agreement %d/%d (gap > 0.01)\n", what.c_str(), r.mean,
+              r.max, r.gap_agree, r.gap_steps);
+  EXPECT_LE(r.mean, 0.005) << what;
+  EXPECT_LE(r.max, 0.03) << what;
+  EXPECT_EQ(r.gap_agree, r.gap_steps) << what;
+  EXPECT_GT(r.gap_steps, 60) << what;  // most of the 120 steps are decided
+}
+
+}  // namespace
+
+TEST(ArchForward, BatchedForwardMatchesLlamaCppAtEveryLevel) {
+  const auto g = golden();
+  test::IsaGuard guard;
+  for (Isa isa : test::available_isa_levels()) {
+    ASSERT_EQ(kernels::set_isa(isa), isa);
+    for (const char* file : kDense) {
+      auto model = Model::load(kShared + "/models/arch/" + file);
+      ASSERT_TRUE(model.ok()) << file << ": " << model.status().message();
+      const Model& m = **model;
+      // Whole prompt + continuation as one prefill.
+      const Score pre = score(g[file], m.config().n_vocab, [&](const std::vector<TokenId>& t) {
+        return test::forward_all(m, KvType::f32, t, (int)t.size());
+      });
+      expect_close(pre, std::string(isa_name(isa)) + " prefill " + file);
+      // Chunks of 7: windows and tiles cut at every offset.
+      const Score chunked = score(g[file], m.config().n_vocab, [&](const std::vector<TokenId>& t) {
+        return test::forward_all(m, KvType::f32, t, 7);
+      });
+      expect_close(chunked, std::string(isa_name(isa)) + " chunks of 7 " + file);
+    }
+  }
+}
+
+TEST(ArchForward, ReferenceForwardMatchesLlamaCpp) {
+  const auto g = golden();
+  for (const char* file : kDense) {
+    auto model = Model::load(kShared + "/models/arch/" + file);
+    ASSERT_TRUE(model.ok()) << file << ": " << model.status().message();
+    const Model& m = **model;
+    const int64_t nv = m.config().n_vocab;
+    const Score r = score(g[file], nv, [&](const std::vector<TokenId>& t) {
+      ReferenceForward fwd(m, (int64_t)t.size());
+      std::vector<float> all(t.size() * (size_t)nv);
+      for (size_t i = 0; i < t.size(); ++i)
+        EXPECT_TRUE(fwd.eval(t[i], std::span<float>(all.data() + i * (size_t)nv, (size_t)nv)).ok());
+      return all;
+    });
+    expect_close(r, std::string("reference ") + file);
+  }
+}
