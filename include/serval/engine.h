@@ -55,6 +55,11 @@ struct EngineConfig {
   int32_t max_seqs = 64;                // sequences in one step
   int64_t max_model_len = 0;            // context per sequence; 0: the model's (at most 4096)
   bool enable_prefix_caching = true;
+  // Sliding-window layers (gemma2/3, phi3 with a window) keep only their
+  // window's KV blocks, in a pool of their own (kv_cache_manager.h); true keeps
+  // the whole context for them too (llama.cpp's --swa-full). Swapping
+  // (swap_memory_bytes) is off while the window bound is on: preemption recomputes.
+  bool swa_full = false;
   bool enable_chunked_prefill = true;
   double aging_per_step = 0.01;         // priority aging (see scheduler)
   int32_t max_n = 16;                   // bound on Request::n
@@ -160,6 +165,11 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_peak = 0;
+  // The sliding-window pool (0 without one): its blocks, and how many were
+  // released behind the window. Bytes per block of each pool (K and V, all its layers).
+  int32_t kv_swa_blocks_total = 0, kv_swa_blocks_used = 0, kv_swa_blocks_peak = 0;
+  int64_t kv_swa_blocks_released = 0;
+  size_t kv_bytes_per_block = 0, kv_swa_bytes_per_block = 0;
   double kv_waste_ratio = 0;            // unfilled slots / allocated slots, averaged over steps
   size_t running = 0, waiting = 0;
   int64_t prefix_cached_blocks = 0;     // blocks held by the prefix cache (in use or reusable)

@@ -815,6 +815,10 @@ void Engine::Impl::publish_stats() {
   stats.kv_blocks_total = kv->n_blocks();
   stats.kv_blocks_used = ks.used_blocks;
   stats.kv_blocks_peak = ks.peak_used_blocks;
+  stats.kv_swa_blocks_total = kv->n_swa_blocks();
+  stats.kv_swa_blocks_used = ks.swa_used_blocks;
+  stats.kv_swa_blocks_peak = ks.swa_peak_used_blocks;
+  stats.kv_swa_blocks_released = ks.swa_released;
   stats.prefix_cached_blocks = ks.cached_blocks;
   stats.kv_waste_ratio = waste_steps ? waste_sum / (double)waste_steps : 0.0;
   stats.running = sched->n_running();
@@ -956,15 +960,40 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   KvGeometry g{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), cfg.block_size, cfg.kv_type};
   KvGeometry dg{draft ? (int32_t)draft->config().n_layers : 0, draft ? (int32_t)draft->config().kv_dim() : 0,
                 cfg.block_size, cfg.kv_type};
+  // Sliding-window layers get a pool of their own, unless the window covers
+  // the whole context anyway (nothing to free) or swa_full asks otherwise.
+  const int64_t window = mc.sliding_window;
+  if (mc.has_swa() && !cfg.swa_full && window < cfg.max_model_len) g.swa_layers = mc.layer_swa;
+  const bool swa = g.n_swa_layers() > 0;
   // The draft's pool mirrors the target's block ids: --kv-memory pays for both.
-  const size_t bpb = g.bytes_per_block() + (draft ? dg.bytes_per_block() : 0);
-  const int64_t n_blocks = (int64_t)(cfg.kv_memory_bytes / bpb);
-  const int64_t n_host = (int64_t)(cfg.swap_memory_bytes / bpb);
+  const size_t bpb = g.bytes_per_main_block() + (draft ? dg.bytes_per_block() : 0);
+  const size_t bpb_swa = g.bytes_per_swa_block();
+  auto blocks_for = [&](int64_t n) { return (n + cfg.block_size - 1) / cfg.block_size; };
+  int64_t n_swa_blocks = 0;
+  if (swa) {
+    // Each running sequence holds its window (plus the block being filled
+    // and one boundary); a step's prefill chunks hold their tokens on top,
+    // until the next step releases what they slid past. A quarter more keeps
+    // recent windows for prefix-cache hits. At most half the memory, never
+    // more blocks than the main pool, and at least one sequence's worst step.
+    const int64_t per_seq = blocks_for(window - 1) + 2;
+    const int64_t want = (cfg.max_seqs * per_seq + blocks_for(cfg.max_batch_tokens) + cfg.max_seqs) * 5 / 4;
+    const int64_t least = blocks_for(cfg.max_batch_tokens + window) + 2;
+    const int64_t half = (int64_t)(cfg.kv_memory_bytes / 2 / bpb_swa);
+    n_swa_blocks = std::max(least, std::min(want, half));
+    const int64_t rest = (int64_t)cfg.kv_memory_bytes - n_swa_blocks * (int64_t)bpb_swa;
+    const int64_t n_main = rest > 0 ? rest / (int64_t)bpb : 0;
+    if (n_main < n_swa_blocks) n_swa_blocks = std::max<int64_t>(1, (int64_t)(cfg.kv_memory_bytes / (bpb + bpb_swa)));
+  }
+  const int64_t n_blocks =
+      (int64_t)((cfg.kv_memory_bytes - (size_t)n_swa_blocks * bpb_swa) / bpb);
+  const int64_t n_host = swa ? 0 : (int64_t)(cfg.swap_memory_bytes / bpb);
   if (n_blocks < 1)
     return invalid_argument("--kv-memory " + std::to_string(cfg.kv_memory_bytes) +
-                            " bytes holds no KV block (one block takes " + std::to_string(bpb) + ")");
-  if (n_blocks > (1 << 30) || n_host > (1 << 30)) return invalid_argument("KV memory is too large");
-  auto storage = KvStorage::create(g, (int32_t)n_blocks, (int32_t)n_host);
+                            " bytes holds no KV block (one block takes " + std::to_string(bpb + bpb_swa) + ")");
+  if (n_blocks > (1 << 30) || n_host > (1 << 30) || n_swa_blocks > (1 << 30))
+    return invalid_argument("KV memory is too large");
+  auto storage = KvStorage::create(g, (int32_t)n_blocks, (int32_t)n_host, (int32_t)n_swa_blocks);
   if (!storage.ok()) return storage.status();
   impl->storage = std::make_unique<KvStorage>(std::move(storage.value()));
   if (draft) {
@@ -978,6 +1007,8 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   kc.block_size = cfg.block_size;
   kc.enable_prefix_caching = cfg.enable_prefix_caching;
   kc.n_host_blocks = (int32_t)n_host;
+  kc.n_swa_blocks = (int32_t)n_swa_blocks;
+  kc.swa_window = swa ? (int32_t)window : 0;
   // A random hash key per process, so no tenant can aim for collisions (hits
   // are verified exactly anyway; this just keeps the map well spread).
   std::random_device rd;
@@ -1002,6 +1033,9 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   for (TokenId t = 0; t < impl->tok.n_vocab(); ++t)
     if (impl->tok.is_eog(t)) impl->eog.push_back(t);
   impl->stats.kv_blocks_total = (int32_t)n_blocks;
+  impl->stats.kv_swa_blocks_total = (int32_t)n_swa_blocks;
+  impl->stats.kv_bytes_per_block = bpb;
+  impl->stats.kv_swa_bytes_per_block = bpb_swa;
   Impl* raw = impl.get();
   std::unique_ptr<Engine> e(new Engine(std::move(impl)));
   raw->loop_thread = std::thread([raw] { raw->loop(); });

@@ -20,7 +20,8 @@ void Runner::apply_block_moves(const SchedulerOutput& out) {
     if (!kv) continue;
     for (const BlockSwap& s : out.swap_out) kv->swap_out(s);
     for (const BlockSwap& s : out.swap_in) kv->swap_in(s);
-    for (const BlockCopy& c : out.copies) kv->copy_block(c.src, c.dst);
+    for (const BlockCopy& c : out.copies)
+      if (!c.swa || kv->has_swa_pool()) kv->copy_block(c);  // a draft pool has no sliding-window pool
   }
 }
 
@@ -78,8 +79,8 @@ Status Runner::execute(const SchedulerOutput& out, std::span<const std::vector<T
     batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin(), s.tokens.end());
     batch_.tokens.insert(batch_.tokens.end(), d.begin(), d.end());
     const auto n = static_cast<int32_t>(s.n_tokens + d.size());
-    batch_.seqs.push_back(
-        {s.start_pos, n, s.block_table, s.needs_logits, 1 + static_cast<int32_t>(d.size()), s.want_hidden});
+    batch_.seqs.push_back({s.start_pos, n, s.block_table, s.needs_logits, 1 + static_cast<int32_t>(d.size()),
+                           s.want_hidden, s.swa_block_table});
   }
   return forward_.forward(batch_, logits, hidden);
 }

@@ -10,6 +10,19 @@
 // manager and is its only caller. Block tables returned as spans stay valid
 // until the next non-const call.
 //
+// Sliding-window layers (n_swa_blocks > 0): their K/V live in a second pool
+// with its own block ids, and each sequence has a second table
+// (swa_block_table) parallel to the first. A layer that attends to the last
+// swa_window positions never reads a block wholly before the window of the
+// earliest position a step writes, so allocate() releases such blocks
+// (entry -1) and the second table holds about swa_window / block_size + 1
+// blocks however long the sequence grows. Prefix caching: a full block's
+// sliding-window blocks are cached too, keyed by the main pool's cache entry
+// of the same block (an entry names one exact prefix, so the key is exact); a
+// prefix hit needs the main pool's blocks and the sliding-window blocks of
+// the window before the resume point, and is shortened to what both have.
+// Swapping is off with a sliding-window pool (preemption recomputes).
+//
 // Copy and swap lists: the manager only emits them; whoever applies them must
 // respect that a block released (free, swap_out) may be handed out again right
 // away. For one batch of calls, this order is always safe:
@@ -37,6 +50,8 @@ struct KvCacheConfig {
   int32_t n_host_blocks = 0;           // host swap space, blocks; 0 = swapping off
   PrefixHashFn hash_fn;                // empty = SipHash-2-4-128 keyed by (hash_k0, hash_k1)
   uint64_t hash_k0 = 0, hash_k1 = 0;   // pick at random at startup to keep collisions unaimable
+  int32_t n_swa_blocks = 0;            // sliding-window pool size, blocks; 0 = none
+  int32_t swa_window = 0;              // positions a sliding-window layer attends to (itself included)
 };
 
 class KvCacheManager {
@@ -99,6 +114,13 @@ class KvCacheManager {
 
   // --- queries ---
   std::span<const BlockId> block_table(SeqId seq) const;  // empty for unknown or swapped seqs
+  // The sliding-window pool's table, as long as block_table(seq); -1 for the
+  // blocks released behind the window. Empty without a sliding-window pool.
+  std::span<const BlockId> swa_block_table(SeqId seq) const;
+  bool has_swa() const { return cfg_.n_swa_blocks > 0; }
+  int32_t n_swa_blocks() const { return cfg_.n_swa_blocks; }
+  int32_t n_free_swa_blocks() const { return swa_pool_.n_free(); }
+  int32_t swa_blocks_held(SeqId seq) const;  // entries of its second table that are not released
   int32_t block_size() const { return cfg_.block_size; }
   int32_t n_blocks() const { return cfg_.n_blocks; }
   int32_t n_free_blocks() const { return pool_.n_free(); }  // free incl. evictable
@@ -116,6 +138,9 @@ class KvCacheManager {
     int32_t used_blocks = 0;       // device blocks with ref count > 0
     int32_t peak_used_blocks = 0;
     int32_t cached_blocks = 0;     // blocks with a prefix-cache entry
+    int32_t swa_used_blocks = 0;   // sliding-window pool: blocks with ref count > 0
+    int32_t swa_peak_used_blocks = 0;
+    int64_t swa_released = 0;      // blocks released behind the window (each sequence's own count)
   };
   Stats stats() const;
 
@@ -137,15 +162,31 @@ class KvCacheManager {
     std::vector<int32_t> host;   // host blocks while swapped
     bool swapped = false;
     std::vector<ChainLink> chain;  // chain[i]: entry for full block i, a prefix of the table
+    std::vector<BlockId> swa;      // sliding-window pool, parallel to table; -1 = released
+    size_t swa_lo = 0;             // swa[0, swa_lo) are released
+    size_t swa_cached = 0;         // swa[0, swa_cached) went through cache_full_blocks
+  };
+  // A prefix hit: the main pool's chain and, with a sliding-window pool, the
+  // cached sliding-window blocks [swa_lo, links.size()) it needs.
+  struct Match {
+    std::vector<ChainLink> links;
+    std::vector<BlockId> swa;  // swa[i - swa_lo] for block i
+    size_t swa_lo = 0;
   };
 
   const SeqBlocks* find_seq(SeqId seq) const;
-  std::vector<ChainLink> match(std::span<const TokenId> tokens, const PrefixKey& key) const;
+  Match match(std::span<const TokenId> tokens, const PrefixKey& key) const;
   int64_t blocks_needed(const SeqBlocks* s, int64_t n_tokens, int64_t first_write_pos) const;
+  // Sliding-window blocks to take (copies and new blocks) minus those this seq
+  // alone holds behind the window (they are released first).
+  int64_t swa_blocks_needed(const SeqBlocks* s, int64_t n_tokens, int64_t first_write_pos) const;
+  // The first block a step writing from first_write_pos still reads in a sliding-window layer.
+  size_t swa_first_block(int64_t first_write_pos) const;
   void note_peak();
 
   KvCacheConfig cfg_;
   BlockPool pool_;
+  BlockPool swa_pool_;  // one block (unused) without a sliding-window pool
   std::unordered_map<SeqId, SeqBlocks> seqs_;  // never iterated: decisions stay deterministic
   std::deque<int32_t> host_free_;
   Stats stats_;

@@ -5,13 +5,15 @@
 
 namespace serval {
 
-using BlockId = int32_t;  // index of a block in the device pool, [0, n_blocks)
+using BlockId = int32_t;  // index of a block in the device pool, [0, n_blocks); -1: none (released)
 using SeqId = int64_t;    // engine-wide id of one sequence (one sample of a request)
 
-// Copy-on-write: the runner copies all layers' K/V of block `src` into `dst`.
+// Copy-on-write: the runner copies all layers' K/V of block `src` into `dst`
+// (with `swa`, blocks of the sliding-window pool: its layers only).
 struct BlockCopy {
   BlockId src = -1;
   BlockId dst = -1;
+  bool swa = false;
   bool operator==(const BlockCopy&) const = default;
 };
 

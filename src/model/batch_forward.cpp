@@ -76,6 +76,13 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   if (g.kv_dim != kv_dim || g.n_layers != c.n_layers)
     return invalid_argument("KV storage geometry does not match the model");
   if (std::string why = kv_type_check(g.type, hd); !why.empty()) return invalid_argument(why);
+  // Layers in the sliding-window pool must attend in the model's window (their
+  // blocks behind it are released).
+  const bool swa_pool = kv_.has_swa_pool();
+  for (int64_t il = 0; il < c.n_layers && swa_pool; ++il)
+    if (g.in_swa_pool((int32_t)il) && !c.is_swa(il))
+      return invalid_argument("KV storage puts layer " + std::to_string(il) +
+                              " in the sliding-window pool, but it attends to the whole context");
 
   // Validate the batch and map every token to (sequence, position).
   std::vector<int32_t> tok_seq((size_t)n);
@@ -91,6 +98,20 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
                               std::to_string(end));
     for (BlockId b : bs.block_table)
       if (b < 0 || b >= kv_.n_blocks()) return invalid_argument("batch: block id " + std::to_string(b) + " out of range");
+    if (swa_pool) {
+      if (bs.swa_block_table.size() != bs.block_table.size())
+        return invalid_argument("batch: sliding-window block table of sequence " + std::to_string(s) + " has " +
+                                std::to_string(bs.swa_block_table.size()) + " blocks, the main table " +
+                                std::to_string(bs.block_table.size()));
+      // Blocks from the window of the chunk's first position on must be there.
+      const int64_t first = std::max<int64_t>(0, bs.start_pos - c.sliding_window + 1) / g.block_size;
+      for (size_t j = 0; j < bs.swa_block_table.size(); ++j) {
+        const BlockId b = bs.swa_block_table[j];
+        if (b >= kv_.n_swa_blocks() || b < -1 || (b == -1 && (int64_t)j >= first))
+          return invalid_argument("batch: sliding-window block id " + std::to_string(b) + " at " + std::to_string(j) +
+                                  " is out of range or released");
+      }
+    }
     for (int32_t i = 0; i < bs.n_tokens; ++i, ++at) {
       tok_seq[(size_t)at] = (int32_t)s;
       tok_pos[(size_t)at] = bs.start_pos + i;
@@ -197,6 +218,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     const bool local_rope = two_ropes && c.is_swa(il);
     const ref::RopeSpec& layer_rope = c.is_swa(il) ? rope_local : rope_full;
     const int32_t window = c.window(il);
+    const bool in_swa_pool = swa_pool && g.in_swa_pool((int32_t)il);
     for (int64_t i = 0; i < n; ++i)
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.attn_norm.data(), dim, c.rms_eps);
     mm(l.wq, xn_.data(), n, q_.data());
@@ -219,18 +241,18 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       ref::rope_apply(k, c.n_kv_heads, hd, layer_rope, cs);
       // Write this token's K/V into its slot.
       const BatchSeq& bs = batch.seqs[(size_t)tok_seq[(size_t)i]];
-      const BlockId blk = bs.block_table[(size_t)(pos / g.block_size)];
+      const BlockId blk = (in_swa_pool ? bs.swa_block_table : bs.block_table)[(size_t)(pos / g.block_size)];
       const int64_t slot = pos % g.block_size;
       kernels::kv_store_row(g.type, k, kv_dim, kv_.k((int32_t)il, blk) + slot * row_bytes);
       kernels::kv_store_row(g.type, v, kv_dim, kv_.v((int32_t)il, blk) + slot * row_bytes);
     }
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
-      const auto& table = batch.seqs[s].block_table;
+      const auto& table = in_swa_pool ? batch.seqs[s].swa_block_table : batch.seqs[s].block_table;
       kb[s].resize(table.size());
       vb[s].resize(table.size());
-      for (size_t j = 0; j < table.size(); ++j) {
-        kb[s][j] = kv_.k((int32_t)il, table[j]);
-        vb[s][j] = kv_.v((int32_t)il, table[j]);
+      for (size_t j = 0; j < table.size(); ++j) {  // released blocks (-1) are never read
+        kb[s][j] = table[j] < 0 ? nullptr : kv_.k((int32_t)il, table[j]);
+        vb[s][j] = table[j] < 0 ? nullptr : kv_.v((int32_t)il, table[j]);
       }
     }
     if (legacy) {

@@ -33,6 +33,10 @@ struct BatchSeq {
   int32_t n_logits = 1;                  // with needs_logits: for its last n_logits tokens (1..n_tokens),
                                          // e.g. a token and the drafts after it (speculative verify)
   bool want_hidden = false;              // the final-normed hidden state of each of its tokens (contrastive search)
+  // With a storage that has a sliding-window pool: that pool's block table,
+  // as long as block_table, -1 for blocks behind the window of start_pos
+  // (never read); the layers in that pool read and write through it.
+  std::span<const BlockId> swa_block_table;
 };
 
 struct Batch {

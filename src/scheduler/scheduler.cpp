@@ -195,6 +195,8 @@ void Scheduler::emit(Seq& s, int64_t n_tokens, SchedulerOutput* out, int32_t n_d
   ss.tokens.assign(s.tokens.begin() + s.num_computed, s.tokens.begin() + s.num_computed + n_tokens);
   const auto table = kv_->block_table(s.id);
   ss.block_table.assign(table.begin(), table.end());
+  const auto swa_table = kv_->swa_block_table(s.id);
+  ss.swa_block_table.assign(swa_table.begin(), swa_table.end());
   ss.needs_logits = s.num_computed + n_tokens == static_cast<int64_t>(s.tokens.size());
   s.draft_last_fed = -1;
   if (n_draft > 0 && cfg_.track_draft_kv) {

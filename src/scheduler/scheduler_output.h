@@ -19,6 +19,9 @@ struct ScheduledSeq {
   int32_t n_tokens = 0;               // >= 1
   std::vector<TokenId> tokens;        // the n_tokens token ids to feed
   std::vector<BlockId> block_table;   // covers positions [0, start_pos + n_tokens + n_draft)
+  // The sliding-window pool's table (kv_cache_manager.h), as long as
+  // block_table, -1 behind the window; empty without that pool.
+  std::vector<BlockId> swa_block_table;
   bool needs_logits = false;          // the chunk reaches the end of the known tokens: sample after it
   // Speculative decoding: up to n_draft drafted tokens may follow the chunk
   // (positions start_pos + n_tokens ...), verified in the same forward with

@@ -44,7 +44,7 @@ TEST(KvStorage, EveryTypeSizesCopiesAndSwapsWholeBlocks) {
     EXPECT_EQ((size_t)(s.k(0, 1) - s.k(0, 0)), 16 * g.row_bytes());
     for (BlockId b = 0; b < 4; ++b) fill(s, b, (uint8_t)t);
     ASSERT_FALSE(same(s, 0, 1));
-    s.copy_block(0, 1);
+    s.copy_block({0, 1});
     EXPECT_TRUE(same(s, 0, 1)) << kv_type_name(t);
     // Swap block 2 out to host slot 1 and back in as block 3.
     fill(s, 3, 99);

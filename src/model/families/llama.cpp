@@ -11,11 +11,8 @@
 namespace serval {
 namespace {
 
-Status read_config(const HparamReader& r, ModelConfig& c) {
+Status read_config(const HparamReader&, ModelConfig& c) {
   c.rope.layout = c.rope_swa.layout = ref::RopeLayout::adjacent;
-  if (c.rope_dim != c.head_dim)
-    return invalid_file("metadata key '" + r.prefix() + "rope.dimension_count' = " + std::to_string(c.rope_dim) +
-                        ": the llama family rotates the whole head (" + std::to_string(c.head_dim) + ")");
   return {};
 }
 
