@@ -210,6 +210,11 @@ nlohmann::json to_json(const RunResult& r) {
           {"decode_tok_s", r.decode_tok_s},
           {"kv_blocks_total", s.kv_blocks_total},
           {"kv_blocks_peak", s.kv_blocks_peak},
+          {"kv_swa_blocks_total", s.kv_swa_blocks_total},
+          {"kv_swa_blocks_peak", s.kv_swa_blocks_peak},
+          {"kv_seq_bytes_peak", s.kv_seq_bytes_peak},
+          {"kv_seq_bytes_decode", s.kv_seq_bytes_decode_peak},
+          {"kv_seq_bytes_decode_full_attention", s.kv_seq_bytes_decode_full},
           {"kv_waste_pct", 100.0 * s.kv_waste_ratio},
           {"prefix_hit_rate", s.prefix_query_tokens ? (double)s.prefix_hit_tokens / (double)s.prefix_query_tokens : 0.0},
           {"preemptions", s.preemptions},
@@ -263,6 +268,8 @@ int cmd_bench(int argc, char** argv) {
   tp->add_option("--max-batch-tokens", max_batch_tokens, "token budget per step")->check(CLI::Range(1, 1 << 20));
   tp->add_option("--max-seqs", max_seqs, "sequences per step")->check(CLI::Range(1, 1 << 16));
   tp->add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
+  bool swa_full = false;
+  tp->add_flag("--swa-full", swa_full, "sliding-window layers keep the whole context (no window bound)");
   tp->add_option("--seed", seed, "prompt seed");
   std::string prompt_file;
   int repeat = 1;
@@ -322,6 +329,7 @@ int cmd_bench(int argc, char** argv) {
   ec.kv_type = kv_type;
   ec.max_batch_tokens = max_batch_tokens;
   ec.max_seqs = max_seqs;
+  ec.swa_full = swa_full;
   const int total_len = grounded ? 2 * prompt_len + 2 * gen_len : prompt_len + gen_len;
   ec.max_model_len = std::min<int64_t>(m->config().n_ctx_train, std::max(4096, total_len + 1));
   if (total_len > ec.max_model_len)
@@ -347,6 +355,14 @@ int cmd_bench(int argc, char** argv) {
         r.ttft_p99, r.ttft_first, r.ttft_rest_p50, r.itl_mean, r.itl_p50, r.itl_p99, r.decode_tok_s,
         r.stats.kv_blocks_peak, r.stats.kv_blocks_total, (double)j["kv_waste_pct"], (double)j["prefix_hit_rate"],
         (long long)r.stats.preemptions, (long long)r.errors);
+    if (r.stats.kv_swa_blocks_total > 0 && r.stats.kv_seq_bytes_decode_full > 0)
+      std::printf("  KV bytes per sequence: decode %.2f MiB (full attention %.2f MiB: %.1f %%), peak in prefill "
+                  "%.2f MiB | sliding-window blocks peak %d/%d\n",
+                  (double)r.stats.kv_seq_bytes_decode_peak / 1048576.0,
+                  (double)r.stats.kv_seq_bytes_decode_full / 1048576.0,
+                  100.0 * (double)r.stats.kv_seq_bytes_decode_peak / (double)r.stats.kv_seq_bytes_decode_full,
+                  (double)r.stats.kv_seq_bytes_peak / 1048576.0, r.stats.kv_swa_blocks_peak,
+                  r.stats.kv_swa_blocks_total);
     if (r.stats.spec_drafts > 0 || r.stats.spec_draft_tokens > 0)
       std::printf("  speculative: %lld drafts, %lld tokens drafted, %lld accepted (acceptance %.1f %%), "
                   "%.2f accepted per draft\n",

@@ -35,8 +35,8 @@ int gguf_info(const std::string& path, bool all_values) {
   return 0;
 }
 
-int gguf_synth(const std::string& shape_name, const std::string& type_name, const std::string& vocab_path,
-               const std::string& out, uint64_t seed, int threads) {
+int gguf_synth(const std::string& shape_name, const std::string& arch, const std::string& type_name,
+               const std::string& vocab_path, const std::string& out, uint64_t seed, int threads) {
   const std::string cmd = "serval gguf synth";
   auto shape = find_synth_shape(shape_name);
   if (!shape.ok()) return fail(cmd, shape.status().message());
@@ -47,12 +47,17 @@ int gguf_synth(const std::string& shape_name, const std::string& type_name, cons
   if (!vocab.ok()) return fail(cmd, vocab.status().message());
   ThreadPool pool(threads > 0 ? threads : ThreadPool::default_threads());
   const auto t0 = std::chrono::steady_clock::now();
-  SynthOptions opt{*shape, *type, seed};
+  SynthOptions opt;
+  opt.shape = *shape;
+  opt.arch = arch;
+  opt.type = *type;
+  opt.seed = seed;
   opt.q4_k_m = q4_k_m;
   Status st = write_synthetic_model(opt, *vocab, out, &pool);
   if (!st.ok()) return fail(cmd, st.message(), st.code() == StatusCode::io_error ? 1 : 2);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "%s: wrote %s (%s, %s) in %.1f s\n", cmd.c_str(), out.c_str(), shape_name.c_str(),
+  std::fprintf(stderr, "%s: wrote %s (%s, %s, %s) in %.1f s\n", cmd.c_str(), out.c_str(), shape_name.c_str(),
+               (arch.empty() ? shape->arch : arch).c_str(),
                q4_k_m ? "q4_k_m" : std::string(dtype_name(*type)).c_str(), secs);
   return 0;
 }
@@ -68,13 +73,16 @@ int cmd_gguf(int argc, char** argv) {
   info->add_option("file", info_path, "GGUF file")->required();
   info->add_flag("--all", all_values, "print arrays in full");
 
-  std::string shape, type = "f16", vocab, out;
+  std::string shape, arch, type = "f16", vocab, out;
   uint64_t seed = 42;
   int threads = 0;
   std::string shapes;
   for (const auto& s : synth_shapes()) shapes += (shapes.empty() ? "" : ", ") + s.name;
-  auto* synth = app.add_subcommand("synth", "write a Llama GGUF with seeded random weights at a real shape");
+  std::string archs;
+  for (const auto& a : synth_archs()) archs += (archs.empty() ? "" : ", ") + a;
+  auto* synth = app.add_subcommand("synth", "write a GGUF of any family with seeded random weights at a real shape");
   synth->add_option("--shape", shape, "model shape: " + shapes)->required();
+  synth->add_option("--arch", arch, "family: " + archs + " (default: the shape's own)");
   synth->add_option("--type", type, "weight type (f32, f16, bf16, q8_0, q4_0, q4_k, q4_k_m (llama.cpp's mix), q6_k, ...)");
   synth->add_option("--vocab", vocab, "vocab-only GGUF whose tokenizer the model takes")->required();
   synth->add_option("-o,--output", out, "output file")->required();
@@ -83,7 +91,7 @@ int cmd_gguf(int argc, char** argv) {
 
   if (auto rc = parse(app, argc, argv)) return *rc;
   if (*info) return gguf_info(info_path, all_values);
-  return gguf_synth(shape, type, vocab, out, seed, threads);
+  return gguf_synth(shape, arch, type, vocab, out, seed, threads);
 }
 
 }  // namespace serval::cli

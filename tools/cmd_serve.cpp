@@ -67,6 +67,9 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-seqs", max_seqs, "sequences per engine step")->check(CLI::Range(1, 1 << 16));
   app.add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   app.add_flag("--no-prefix-caching", no_prefix_cache, "disable prefix caching");
+  bool swa_full = false;
+  app.add_flag("--swa-full", swa_full,
+               "sliding-window layers keep the whole context (default: only their window; swapping is then off)");
   app.add_flag("--shared-prefix-cache", shared_prefix_cache,
                "one prefix cache for all API keys (default: one per key, so tenants cannot see each other's prompts)");
   app.add_option("--max-body-bytes", max_body, "largest request body (413 past it)")->check(CLI::Range((size_t)1024, (size_t)1 << 30));
@@ -175,6 +178,7 @@ int cmd_serve(int argc, char** argv) {
   ec.max_seqs = max_seqs;
   ec.max_model_len = ctx;
   ec.enable_prefix_caching = !no_prefix_cache;
+  ec.swa_full = swa_full;
   ec.max_n = max_n;
   if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
   auto engine = Engine::create(m, *tok, ec);

@@ -7,6 +7,7 @@
 #include <vector>
 #include <string>
 
+#include "model/model.h"
 #include "serval/engine.h"
 #include "tensor/kv_type.h"
 
@@ -29,6 +30,12 @@ inline void log_kv_cache(const std::string& cmd, const Engine& e) {
   std::fprintf(stderr, "%s: KV cache %s, %zu bytes/token, %d blocks of %d tokens\n", cmd.c_str(),
                kv_type_name(e.config().kv_type), e.info().kv_bytes_per_token, s.kv_blocks_total,
                e.config().block_size);
+  if (s.kv_swa_blocks_total > 0)
+    std::fprintf(stderr,
+                 "%s: sliding-window layers keep only their window of %d tokens: %d blocks of their own "
+                 "(%zu bytes each; the full-attention layers' blocks take %zu); swapping off\n",
+                 cmd.c_str(), e.model().config().sliding_window, s.kv_swa_blocks_total, s.kv_swa_bytes_per_block,
+                 s.kv_bytes_per_block);
 }
 
 }  // namespace serval::cli

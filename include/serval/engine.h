@@ -170,6 +170,10 @@ struct EngineStats {
   int32_t kv_swa_blocks_total = 0, kv_swa_blocks_used = 0, kv_swa_blocks_peak = 0;
   int64_t kv_swa_blocks_released = 0;
   size_t kv_bytes_per_block = 0, kv_swa_bytes_per_block = 0;
+  // KV bytes one sequence holds (its blocks in both pools), the most seen: in
+  // any step, in a decode step (one token: the steady state), and what full
+  // attention would hold for that decode step's sequence.
+  size_t kv_seq_bytes_peak = 0, kv_seq_bytes_decode_peak = 0, kv_seq_bytes_decode_full = 0;
   double kv_waste_ratio = 0;            // unfilled slots / allocated slots, averaged over steps
   size_t running = 0, waiting = 0;
   int64_t prefix_cached_blocks = 0;     // blocks held by the prefix cache (in use or reusable)

@@ -773,9 +773,20 @@ void Engine::Impl::after_step(const SchedulerOutput& out, std::span<const std::v
   closed += (int64_t)search_closed.size();
   // KV waste: allocated-but-unfilled slots of the running sequences.
   int64_t alloc = 0, filled = 0;
+  size_t seq_peak = 0, decode_peak = 0, decode_full = 0;
   for (const ScheduledSeq& s : out.seqs) {
     alloc += (int64_t)s.block_table.size() * cfg.block_size;
     filled += s.start_pos + s.n_tokens;
+    // KV bytes this sequence holds in both pools.
+    size_t swa_held = 0;
+    for (BlockId b : s.swa_block_table) swa_held += b >= 0;
+    const size_t bpb = stats.kv_bytes_per_block, bpb_swa = stats.kv_swa_bytes_per_block;
+    const size_t held = s.block_table.size() * bpb + swa_held * bpb_swa;
+    seq_peak = std::max(seq_peak, held);
+    if (s.n_tokens == 1 && held > decode_peak) {
+      decode_peak = held;
+      decode_full = s.block_table.size() * (bpb + bpb_swa);
+    }
   }
   if (alloc > 0) {
     waste_sum += (double)(alloc - filled) / (double)alloc;
@@ -784,6 +795,11 @@ void Engine::Impl::after_step(const SchedulerOutput& out, std::span<const std::v
   {
     std::lock_guard<std::mutex> lk(stats_mu);
     stats.steps++;
+    stats.kv_seq_bytes_peak = std::max(stats.kv_seq_bytes_peak, seq_peak);
+    if (decode_peak > stats.kv_seq_bytes_decode_peak) {
+      stats.kv_seq_bytes_decode_peak = decode_peak;
+      stats.kv_seq_bytes_decode_full = decode_full;
+    }
     stats.step_seconds += (double)(step_end_ns - step_start_ns) * 1e-9;
     stats.generated_tokens += generated;
     stats.prefill_tokens_computed += prefill_computed;

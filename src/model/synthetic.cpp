@@ -15,8 +15,15 @@ const std::vector<SynthShape>& synth_shapes() {
       {"llama-160m", 768, 12, 12, 12, 3072, 2048},
       {"llama-7b", 4096, 32, 32, 32, 11008, 4096},
       {"tiny", 256, 2, 4, 2, 512, 512},
+      {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 128, 0, "qwen3"},
+      {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 256, 512, "gemma3"},
   };
   return shapes;
+}
+
+const std::vector<std::string>& synth_archs() {
+  static const std::vector<std::string> archs = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
+  return archs;
 }
 
 Expected<SynthShape> find_synth_shape(const std::string& name) {
@@ -68,11 +75,22 @@ uint32_t file_type_of(DType t) {
 Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& vocab, const std::string& out_path,
                              ThreadPool* pool) {
   const SynthShape& s = opt.shape;
+  const std::string arch = opt.arch.empty() ? s.arch : opt.arch;
+  bool known = false;
+  for (const std::string& a : synth_archs()) known |= a == arch;
+  if (!known) {
+    std::string names;
+    for (const std::string& a : synth_archs()) names += (names.empty() ? "" : ", ") + a;
+    return invalid_argument("unknown architecture '" + arch + "' (known: " + names + ")");
+  }
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.dim / s.n_heads;
+  const int64_t q_dim = s.n_heads * head_dim, kv_dim = s.n_kv_heads * head_dim;
   if (opt.q4_k_m && opt.type != DType::q4_k) return invalid_argument("the Q4_K_M mix needs type q4_k");
   if (!ref::can_quantize(opt.type))
     return unsupported("cannot write weights of type " + std::string(dtype_name(opt.type)));
   auto tr = dtype_traits(opt.type);
-  for (int64_t cols : {s.dim, s.ffn_dim})
+  for (int64_t cols : {s.dim, s.ffn_dim, q_dim})
     if (cols % tr->block_size != 0)
       return invalid_argument("shape '" + s.name + "': row length " + std::to_string(cols) +
                               " is not a multiple of the " + std::string(tr->name) + " block size " +
@@ -83,20 +101,40 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
   if (n_vocab < 1) return invalid_file("vocab file: tokenizer.ggml.tokens is empty");
 
   gguf::GgufWriter w;
-  w.add("general.architecture", "llama");
-  w.add("general.name", "serval-synthetic-" + s.name);
+  const std::string p = arch + ".";
+  w.add("general.architecture", arch);
+  w.add("general.name", "serval-synthetic-" + s.name + (arch == s.arch ? "" : "-" + arch));
   w.add("general.file_type", file_type_of(opt.type));
   w.add("general.quantization_version", uint32_t{2});
-  w.add("llama.context_length", (uint32_t)s.n_ctx);
-  w.add("llama.embedding_length", (uint32_t)s.dim);
-  w.add("llama.block_count", (uint32_t)s.n_layers);
-  w.add("llama.feed_forward_length", (uint32_t)s.ffn_dim);
-  w.add("llama.attention.head_count", (uint32_t)s.n_heads);
-  w.add("llama.attention.head_count_kv", (uint32_t)s.n_kv_heads);
-  w.add("llama.rope.dimension_count", (uint32_t)(s.dim / s.n_heads));
-  w.add("llama.rope.freq_base", 10000.0f);
-  w.add("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.add("llama.vocab_size", (uint32_t)n_vocab);
+  w.add(p + "context_length", (uint32_t)s.n_ctx);
+  w.add(p + "embedding_length", (uint32_t)s.dim);
+  w.add(p + "block_count", (uint32_t)s.n_layers);
+  w.add(p + "feed_forward_length", (uint32_t)s.ffn_dim);
+  w.add(p + "attention.head_count", (uint32_t)s.n_heads);
+  w.add(p + "attention.head_count_kv", (uint32_t)s.n_kv_heads);
+  if (head_dim != s.dim / s.n_heads || s.dim % s.n_heads != 0) {
+    w.add(p + "attention.key_length", (uint32_t)head_dim);
+    w.add(p + "attention.value_length", (uint32_t)head_dim);
+  }
+  w.add(p + "rope.dimension_count", (uint32_t)head_dim);
+  w.add(p + "attention.layer_norm_rms_epsilon", gemma || arch == "qwen3" ? 1e-6f : 1e-5f);
+  if (arch == "gemma3") {
+    w.add(p + "rope.freq_base", 1000000.0f);
+    w.add(p + "rope.freq_base_swa", 10000.0f);
+    w.add(p + "attention.sliding_window", (uint32_t)(s.sliding_window > 0 ? s.sliding_window : 512));
+  } else if (arch == "gemma2") {
+    w.add(p + "rope.freq_base", 10000.0f);
+    w.add(p + "attention.sliding_window", (uint32_t)(s.sliding_window > 0 ? s.sliding_window : 4096));
+    w.add(p + "attn_logit_softcapping", 50.0f);
+    w.add(p + "final_logit_softcapping", 30.0f);
+  } else if (arch == "phi3") {
+    w.add(p + "rope.freq_base", 10000.0f);
+    w.add(p + "attention.sliding_window", (uint32_t)s.sliding_window);  // 0: none (Phi-4)
+    w.add(p + "rope.scaling.original_context_length", (uint32_t)s.n_ctx);
+  } else {
+    w.add(p + "rope.freq_base", arch == "qwen3" || arch == "qwen2" ? 1000000.0f : 10000.0f);
+  }
+  w.add(p + "vocab_size", (uint32_t)n_vocab);
   for (const auto& kv : vocab.metadata())
     if (kv.key.rfind("tokenizer.", 0) == 0) w.add(kv.key, kv.value);
 
@@ -124,26 +162,47 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
       for (uint64_t i = 0; i < bytes; i += 4) std::memcpy(dst + i, &one, 4);
     });
   };
-  const int64_t head_dim = s.dim / s.n_heads, kv_dim = s.n_kv_heads * head_dim;
+  auto zeros = [&](const std::string& name, int64_t n) {
+    w.add_tensor(name, {n}, DType::f32, [](uint8_t* dst, uint64_t bytes) { std::memset(dst, 0, bytes); });
+  };
   const DType type = opt.type, more = opt.q4_k_m ? DType::q6_k : opt.type;
   // llama.cpp's use_more_bits(i, n) (llama-quant.cpp): Q4_K_M's Q6_K layers.
   const int64_t n = s.n_layers;
   auto more_bits = [n](int64_t i) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; };
   matrix("token_embd.weight", n_vocab, s.dim, type);
   ones("output_norm.weight", s.dim);
-  matrix("output.weight", n_vocab, s.dim, more);
+  if (!gemma) matrix("output.weight", n_vocab, s.dim, more);  // gemma ties the output to the embedding
   for (int64_t i = 0; i < s.n_layers; ++i) {
-    const std::string p = "blk." + std::to_string(i) + ".";
+    const std::string b = "blk." + std::to_string(i) + ".";
     const DType tv = more_bits(i) ? more : type;
-    ones(p + "attn_norm.weight", s.dim);
-    matrix(p + "attn_q.weight", s.dim, s.dim, type);
-    matrix(p + "attn_k.weight", kv_dim, s.dim, type);
-    matrix(p + "attn_v.weight", kv_dim, s.dim, tv);
-    matrix(p + "attn_output.weight", s.dim, s.dim, type);
-    ones(p + "ffn_norm.weight", s.dim);
-    matrix(p + "ffn_gate.weight", s.ffn_dim, s.dim, type);
-    matrix(p + "ffn_up.weight", s.ffn_dim, s.dim, type);
-    matrix(p + "ffn_down.weight", s.dim, s.ffn_dim, tv);
+    ones(b + "attn_norm.weight", s.dim);
+    if (arch == "phi3") {
+      matrix(b + "attn_qkv.weight", q_dim + 2 * kv_dim, s.dim, type);
+    } else {
+      matrix(b + "attn_q.weight", q_dim, s.dim, type);
+      matrix(b + "attn_k.weight", kv_dim, s.dim, type);
+      matrix(b + "attn_v.weight", kv_dim, s.dim, tv);
+    }
+    if (arch == "qwen2") {
+      zeros(b + "attn_q.bias", q_dim);
+      zeros(b + "attn_k.bias", kv_dim);
+      zeros(b + "attn_v.bias", kv_dim);
+    }
+    if (arch == "qwen3" || arch == "gemma3") {
+      ones(b + "attn_q_norm.weight", head_dim);
+      ones(b + "attn_k_norm.weight", head_dim);
+    }
+    matrix(b + "attn_output.weight", s.dim, q_dim, type);
+    if (gemma) ones(b + "post_attention_norm.weight", s.dim);
+    ones(b + "ffn_norm.weight", s.dim);
+    if (arch == "phi3") {
+      matrix(b + "ffn_up.weight", 2 * s.ffn_dim, s.dim, type);  // gate rows, then up rows
+    } else {
+      matrix(b + "ffn_gate.weight", s.ffn_dim, s.dim, type);
+      matrix(b + "ffn_up.weight", s.ffn_dim, s.dim, type);
+    }
+    matrix(b + "ffn_down.weight", s.dim, s.ffn_dim, tv);
+    if (gemma) ones(b + "post_ffw_norm.weight", s.dim);
   }
   return w.write_file(out_path);
 }

@@ -1,8 +1,10 @@
-// Synthetic models: Llama-architecture GGUF files with seeded random weights at
-// real model shapes, carrying the tokenizer of a vocab-only GGUF. They are the
-// benchmark models of the kernels/engine issues (and load in llama.cpp too).
-// The weights are N(0, 0.02) like a fresh Llama init (norms are 1), so the
-// compute is real even though the text is noise.
+// Synthetic models: GGUF files of any supported family (llama, qwen2, qwen3,
+// gemma2, gemma3, phi3) with seeded random weights at real model shapes,
+// carrying the tokenizer of a vocab-only GGUF, with the keys and tensor names
+// llama.cpp's converter writes for that family. They are the benchmark models
+// of the kernels/engine issues (and load in llama.cpp too). The weights are
+// N(0, 0.02) like a fresh init (norms are 1), so the compute is real even
+// though the text is noise.
 #pragma once
 
 #include <cstdint>
@@ -19,14 +21,22 @@ namespace serval {
 struct SynthShape {
   std::string name;
   int64_t dim, n_layers, n_heads, n_kv_heads, ffn_dim, n_ctx;
+  int64_t head_dim = 0;        // 0: dim / n_heads
+  int64_t sliding_window = 0;  // for families with sliding-window layers; 0: the family's default
+  std::string arch = "llama";  // the family the shape is of (the default of --arch)
 };
 
-// Known shapes: "tinyllama-1.1b", "llama-160m", "llama-7b", "tiny" (a test-size model).
+// Known shapes: "tinyllama-1.1b", "llama-160m", "llama-7b", "tiny" (a test-size
+// model), "qwen3-0.6b", "gemma3-1b" (26 layers, 5 local : 1 global, window 512).
 const std::vector<SynthShape>& synth_shapes();
 Expected<SynthShape> find_synth_shape(const std::string& name);
 
+// The families write_synthetic_model can write.
+const std::vector<std::string>& synth_archs();
+
 struct SynthOptions {
   SynthShape shape;
+  std::string arch;  // empty: the shape's own
   DType type = DType::f16;  // type of the 2-D weight matrices (norms stay F32)
   uint64_t seed = 42;
   // With type q4_k: llama.cpp's Q4_K_M mix instead (Q6_K for output.weight and
