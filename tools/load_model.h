@@ -25,6 +25,7 @@ inline std::optional<LoadedModel> load_model(const std::string& cmd, const std::
   }
   LoadedModel l;
   l.model = std::shared_ptr<const Model>(std::move(model.value()));
+  for (const std::string& w : l.model->warnings()) std::fprintf(stderr, "%s: warning: %s\n", cmd.c_str(), w.c_str());
   auto tok = Tokenizer::from_gguf(l.model->file());
   if (!tok.ok()) {
     std::fprintf(stderr, "%s: %s\n", cmd.c_str(), tok.status().message().c_str());

@@ -58,7 +58,8 @@ Status Model::load_weights() {
     return unsupported("tensor " + names + " is not used by the '" + c.arch +
                        "' family: refusing to run a model whose math would differ from the file's");
   }
-  warnings_ = ld.warnings();
+  warnings_ = c.warnings;
+  warnings_.insert(warnings_.end(), ld.warnings().begin(), ld.warnings().end());
   return {};
 }
 

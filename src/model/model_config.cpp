@@ -5,6 +5,7 @@
 namespace serval {
 
 Status HparamReader::get_int(const std::string& key, int64_t lo, int64_t hi, int64_t def, int64_t* out) const {
+  read_.insert(key);
   const std::string k = prefix_ + key;
   auto v = f_.get_int(k);
   if (!v.ok()) {
@@ -22,6 +23,7 @@ Status HparamReader::get_int(const std::string& key, int64_t lo, int64_t hi, int
 }
 
 Status HparamReader::get_float(const std::string& key, double lo, double hi, float* out) const {
+  read_.insert(key);
   const std::string k = prefix_ + key;
   auto v = f_.get_float(k);
   if (!v.ok()) return v.status().code() == StatusCode::not_found ? Status{} : v.status();
@@ -33,6 +35,7 @@ Status HparamReader::get_float(const std::string& key, double lo, double hi, flo
 }
 
 Status HparamReader::get_string(const std::string& key, std::string* out) const {
+  read_.insert(key);
   auto v = f_.get_string(prefix_ + key);
   if (!v.ok()) return v.status().code() == StatusCode::not_found ? Status{} : v.status();
   *out = *v;
@@ -120,6 +123,35 @@ Expected<ModelConfig> read_model_config(const gguf::GgufFile& f) {
   HparamReader r(f, c.arch);
   SERVAL_RETURN_IF_ERROR(read_common_hparams(r, c));
   SERVAL_RETURN_IF_ERROR(fam->read_config(r, c));
+  // Keys that change the math in the llama.cpp families that use them: a
+  // family that does not read one refuses a file that sets it (to a value
+  // other than the neutral one) rather than run different math silently.
+  struct MathKey {
+    const char* key;
+    double neutral;
+  };
+  static const MathKey kMathKeys[] = {
+      {"logit_scale", 1.0},           {"embedding_scale", 1.0},         {"residual_scale", 1.0},
+      {"attention.scale", 0.0},       {"attention.clamp_kqv", 0.0},     {"attn_logit_softcapping", 0.0},
+      {"final_logit_softcapping", 0.0}, {"rope.scaling.yarn_log_multiplier", 0.0},
+      {"attention.temperature_length", 0.0}, {"attention.causal", 1.0},
+  };
+  for (const MathKey& mk : kMathKeys) {
+    if (r.was_read(mk.key)) continue;
+    const std::string k = r.prefix() + mk.key;
+    double v = mk.neutral;
+    if (auto fv = f.get_float(k); fv.ok()) v = *fv;
+    else if (auto bv = f.get_bool(k); bv.ok()) v = *bv ? 1.0 : 0.0;
+    else continue;
+    if (v != mk.neutral)
+      return unsupported("metadata key '" + k + "' = " + std::to_string(v) + " is not applied by the '" + c.arch +
+                         "' family: refusing to run a model whose math would differ from the file's");
+  }
+  // A window the family does not use: llama.cpp ignores it too (Mistral 7B v0.1).
+  if (c.sliding_window > 0 && !c.has_swa())
+    c.warnings.push_back("metadata key '" + r.prefix() + "attention.sliding_window' = " +
+                         std::to_string(c.sliding_window) + " is not used by the '" + c.arch +
+                         "' family (llama.cpp ignores it as well): every layer attends to the whole context");
   if (!c.layer_swa.empty() && (int64_t)c.layer_swa.size() != c.n_layers)
     return invalid_file("sliding-window layer pattern has " + std::to_string(c.layer_swa.size()) + " entries for " +
                         std::to_string(c.n_layers) + " layers");

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,10 @@ struct ModelConfig {
   int32_t sliding_window = 0;
   std::vector<uint8_t> layer_swa;  // [n_layers]; empty = no sliding-window layer
 
+  // Metadata the family does not apply but that does not change its math as
+  // llama.cpp runs it (one line each; Model::warnings() carries them).
+  std::vector<std::string> warnings;
+
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   bool is_swa(int64_t il) const { return !layer_swa.empty() && layer_swa[(size_t)il] != 0; }
@@ -101,12 +106,15 @@ class HparamReader {
   // String `<arch>.key`; left unchanged when absent.
   Status get_string(const std::string& key, std::string* out) const;
   bool has(const std::string& key) const;
+  // Was `<arch>.key` read through get_*? (Keys a family reads are applied.)
+  bool was_read(const std::string& key) const { return read_.count(key) != 0; }
   const gguf::GgufFile& file() const { return f_; }
   const std::string& prefix() const { return prefix_; }
 
  private:
   const gguf::GgufFile& f_;
   std::string prefix_;
+  mutable std::set<std::string> read_;
 };
 
 // The hyper-parameters every family shares (embedding_length, block_count,

@@ -36,12 +36,12 @@ const std::vector<std::string>& synth_archs();
 
 struct SynthOptions {
   SynthShape shape;
-  std::string arch;  // empty: the shape's own
   DType type = DType::f16;  // type of the 2-D weight matrices (norms stay F32)
   uint64_t seed = 42;
   // With type q4_k: llama.cpp's Q4_K_M mix instead (Q6_K for output.weight and
   // for attn_v / ffn_down of the layers its use_more_bits() picks).
   bool q4_k_m = false;
+  std::string arch;  // the family to write (synth_archs()); empty: the shape's own
 };
 
 // Writes the model to `out_path`, taking every `tokenizer.*` key of `vocab`.

@@ -69,6 +69,8 @@ TEST(Cli, BadUsageIsOneLineAndStatus2) {
   expect_usage_error("gguf info /nonexistent.gguf", "no such file");
   expect_usage_error("gguf synth --shape gpt-9 --vocab " + kStories + " -o /tmp/x.gguf", "unknown shape 'gpt-9'");
   expect_usage_error("gguf synth --shape tiny --type q9_9 --vocab " + kStories + " -o /tmp/x.gguf", "unknown type");
+  expect_usage_error("gguf synth --shape tiny --arch mamba --vocab " + kStories + " -o /tmp/x.gguf",
+                     "unknown architecture 'mamba'");
 }
 
 TEST(Cli, HelpExitsZero) {
@@ -135,6 +137,28 @@ TEST(Cli, GgufInfoAndSynth) {
   Result gen = run("run -m " + path + " -p 'Once upon a time' -n 8 --temp 0");
   EXPECT_EQ(gen.status, 0) << gen.err;
   EXPECT_NE(gen.err.find("generation: 8 tokens"), std::string::npos) << gen.err;
+  std::remove(path.c_str());
+}
+
+// Every family synth writes loads and generates; its keys and tensors are the family's.
+TEST(Cli, GgufSynthEveryFamily) {
+  const std::string path = ::testing::TempDir() + "/serval_cli_synth_arch.gguf";
+  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}) {
+    Result s = run(std::string("gguf synth --shape tiny --arch ") + arch + " --type q8_0 --vocab " + kStories + " -o " + path);
+    ASSERT_EQ(s.status, 0) << arch << ": " << s.err;
+    auto f = serval::gguf::GgufFile::open(path);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(*f->get_string("general.architecture"), arch);
+    EXPECT_EQ(*f->get_uint(std::string(arch) + ".embedding_length"), 256u);
+    const std::string a = arch;
+    EXPECT_EQ(f->find_tensor("blk.0.attn_qkv.weight") != nullptr, a == "phi3") << arch;
+    EXPECT_EQ(f->find_tensor("blk.0.attn_q_norm.weight") != nullptr, a == "qwen3" || a == "gemma3") << arch;
+    EXPECT_EQ(f->find_tensor("blk.1.post_ffw_norm.weight") != nullptr, a == "gemma2" || a == "gemma3") << arch;
+    EXPECT_EQ(f->find_tensor("blk.1.attn_v.bias") != nullptr, a == "qwen2") << arch;
+    Result gen = run("run -m " + path + " -p 'Once upon a time' -n 8 --temp 0");
+    EXPECT_EQ(gen.status, 0) << arch << ": " << gen.err;
+    EXPECT_NE(gen.err.find("generation: 8 tokens"), std::string::npos) << arch << ": " << gen.err;
+  }
   std::remove(path.c_str());
 }
 
