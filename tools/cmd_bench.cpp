@@ -363,6 +363,16 @@ int cmd_bench(int argc, char** argv) {
                   100.0 * (double)r.stats.kv_seq_bytes_decode_peak / (double)r.stats.kv_seq_bytes_decode_full,
                   (double)r.stats.kv_seq_bytes_peak / 1048576.0, r.stats.kv_swa_blocks_peak,
                   r.stats.kv_swa_blocks_total);
+    if (r.stats.n_expert > 0 && !r.stats.expert_tokens.empty()) {
+      // Router balance: tokens per expert, summed over layers.
+      std::vector<int64_t> per((size_t)r.stats.n_expert, 0);
+      for (size_t i = 0; i < r.stats.expert_tokens.size(); ++i) per[i % per.size()] += r.stats.expert_tokens[i];
+      const auto [lo, hi] = std::minmax_element(per.begin(), per.end());
+      int64_t total = 0;
+      for (int64_t v : per) total += v;
+      std::printf("  experts: %d, tokens routed per expert (all layers) min %lld mean %.1f max %lld\n",
+                  r.stats.n_expert, (long long)*lo, (double)total / (double)per.size(), (long long)*hi);
+    }
     if (r.stats.spec_drafts > 0 || r.stats.spec_draft_tokens > 0)
       std::printf("  speculative: %lld drafts, %lld tokens drafted, %lld accepted (acceptance %.1f %%), "
                   "%.2f accepted per draft\n",

@@ -174,6 +174,11 @@ struct EngineStats {
   // any step, in a decode step (one token: the steady state), and what full
   // attention would hold for that decode step's sequence.
   size_t kv_seq_bytes_peak = 0, kv_seq_bytes_decode_peak = 0, kv_seq_bytes_decode_full = 0;
+  // Mixture-of-experts models: tokens the router sent to each expert (of the
+  // target model, every forward so far), [n_layers * n_expert] layer-major,
+  // and n_expert; empty / 0 for dense models.
+  std::vector<int64_t> expert_tokens;
+  int32_t n_expert = 0;
   double kv_waste_ratio = 0;            // unfilled slots / allocated slots, averaged over steps
   size_t running = 0, waiting = 0;
   int64_t prefix_cached_blocks = 0;     // blocks held by the prefix cache (in use or reusable)

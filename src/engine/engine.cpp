@@ -835,6 +835,10 @@ void Engine::Impl::publish_stats() {
   stats.kv_swa_blocks_used = ks.swa_used_blocks;
   stats.kv_swa_blocks_peak = ks.swa_peak_used_blocks;
   stats.kv_swa_blocks_released = ks.swa_released;
+  if (!runner->expert_tokens().empty()) {
+    stats.expert_tokens = runner->expert_tokens();
+    stats.n_expert = (int32_t)model->config().n_expert;
+  }
   stats.prefix_cached_blocks = ks.cached_blocks;
   stats.kv_waste_ratio = waste_steps ? waste_sum / (double)waste_steps : 0.0;
   stats.running = sched->n_running();

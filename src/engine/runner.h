@@ -58,6 +58,8 @@ class Runner {
                  std::vector<float>* logits, std::vector<float>* hidden = nullptr);
 
   bool has_draft_model() const { return draft_forward_ != nullptr; }
+  // Mixture-of-experts models: tokens routed to each expert so far (BatchForward::expert_tokens).
+  const std::vector<int64_t>& expert_tokens() const { return forward_.expert_tokens(); }
 
  private:
   KvStorage& kv_;

@@ -64,7 +64,8 @@ void attention_tile_ref(const AttentionTile& t) {
         s[(size_t)p] = sc;
         mx = std::max(mx, s[(size_t)p]);
       }
-      double sum = 0.0;
+      if (t.sinks) mx = std::max(mx, t.sinks[qh]);
+      double sum = t.sinks ? std::exp((double)t.sinks[qh] - mx) : 0.0;
       for (int64_t p = lo; p < n_ctx; ++p) {
         s[(size_t)p] = std::exp(s[(size_t)p] - mx);
         sum += s[(size_t)p];

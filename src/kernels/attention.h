@@ -60,6 +60,10 @@ struct AttentionTile {
   int64_t p0 = 0;  // token i sits at position p0 + i and attends to [lo(p0 + i), p0 + i]
   int32_t window = 0;  // sliding window: lo(p) = max(0, p - window + 1); 0: lo(p) = 0 (full attention)
   float softcap = 0.0f;  // > 0: each score s (after scale) becomes softcap * tanh(s / softcap) (Gemma 2)
+  // Attention sinks (gpt-oss): one logit per query head [n_heads] that joins
+  // the softmax's denominator only (no value): out = sum_j e^(s_j - m) v_j /
+  // (sum_j e^(s_j - m) + e^(sink - m)). Null: none.
+  const float* sinks = nullptr;
   int32_t m = 1;   // tokens in the tile
   int32_t n_heads = 1, n_kv_heads = 1, head_dim = 0;
   int32_t kv_head = 0;  // query heads kv_head * group .. + group - 1, group = n_heads / n_kv_heads

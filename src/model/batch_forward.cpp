@@ -48,7 +48,82 @@ AttnMode attn_mode() {
 }  // namespace
 
 BatchForward::BatchForward(const Model& model, KvStorage& kv, ThreadPool* pool)
-    : model_(model), kv_(kv), pool_(pool) {}
+    : model_(model), kv_(kv), pool_(pool) {
+  const ModelConfig& c = model.config();
+  if (c.block.moe) expert_tokens_.assign((size_t)(c.n_layers * c.n_expert), 0);
+}
+
+// Grouped expert matmul: the tokens are grouped by the experts they route to,
+// and each expert's matrices multiply all of its tokens' rows at once (its
+// weights are read once per step, not once per token). Each row's result is
+// independent of the other rows (kernels/matmul.h), and a token sums its
+// experts' outputs in its own routing order, so a token's result does not
+// depend on which other tokens share its experts (batch invariance).
+// In: xn_ [n, dim] (the FFN's normed input). Out: proj_ [n, dim].
+template <class MM>
+void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm) {
+  const ModelConfig& c = model_.config();
+  const int64_t dim = c.dim, ne = c.n_expert, k_used = c.n_expert_used, ff = c.expert_ffn_dim;
+  router_.resize((size_t)(n * ne));
+  mm(l.router, xn_.data(), n, router_.data());
+  sel_.resize((size_t)(n * k_used));
+  sel_w_.resize((size_t)(n * k_used));
+  for (int64_t i = 0; i < n; ++i) {
+    float* lg = router_.data() + i * ne;
+    if (!l.router_bias.empty())
+      for (int64_t e = 0; e < ne; ++e) lg[e] += l.router_bias[(size_t)e];
+    blocks::route(c, lg, sel_.data() + i * k_used, sel_w_.data() + i * k_used);
+  }
+  // Rows of each expert, in token order: (token i, slot k) as i * k_used + k.
+  group_start_.assign((size_t)(ne + 1), 0);
+  for (int32_t e : sel_) ++group_start_[(size_t)e + 1];
+  for (int64_t e = 0; e < ne; ++e) group_start_[(size_t)e + 1] += group_start_[(size_t)e];
+  group_rows_.resize(sel_.size());
+  {
+    std::vector<int64_t> at(group_start_.begin(), group_start_.end() - 1);
+    for (size_t r = 0; r < sel_.size(); ++r) group_rows_[(size_t)at[(size_t)sel_[r]]++] = (int64_t)r;
+  }
+  const int64_t layer = &l - model_.weights().layers.data();
+  moe_in_.resize((size_t)(2 * n * dim));  // an expert's m <= n gathered rows, then its m outputs
+  moe_out_.resize((size_t)(n * k_used * dim));
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t r0 = group_start_[(size_t)e], m = group_start_[(size_t)e + 1] - r0;
+    if (m == 0) continue;
+    expert_tokens_[(size_t)(layer * ne + e)] += m;
+    float* xe = moe_in_.data();
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t i = group_rows_[(size_t)(r0 + j)] / k_used;
+      std::memcpy(xe + j * dim, xn_.data() + i * dim, (size_t)dim * sizeof(float));
+    }
+    mm(l.exp_gate[(size_t)e], xe, m, gate_.data());
+    mm(l.exp_up[(size_t)e], xe, m, up_.data());
+    if (!l.exp_gate_b.empty())
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t f = 0; f < ff; ++f) {
+          gate_[(size_t)(j * ff + f)] += l.exp_gate_b[(size_t)(e * ff + f)];
+          up_[(size_t)(j * ff + f)] += l.exp_up_b[(size_t)(e * ff + f)];
+        }
+    blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), m * ff);
+    float* de = moe_in_.data() + m * dim;  // after the gathered rows
+    mm(l.exp_down[(size_t)e], hidden_.data(), m, de);
+    for (int64_t j = 0; j < m; ++j) {
+      float* dst = moe_out_.data() + group_rows_[(size_t)(r0 + j)] * dim;
+      const float* src = de + j * dim;
+      if (!l.exp_down_b.empty())
+        for (int64_t d = 0; d < dim; ++d) dst[d] = src[d] + l.exp_down_b[(size_t)(e * dim + d)];
+      else std::memcpy(dst, src, (size_t)dim * sizeof(float));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float* out = proj_.data() + i * dim;
+    for (int64_t k = 0; k < k_used; ++k) {
+      const float w = sel_w_[(size_t)(i * k_used + k)];
+      const float* y = moe_out_.data() + (i * k_used + k) * dim;
+      if (k == 0) for (int64_t d = 0; d < dim; ++d) out[d] = w * y[d];
+      else for (int64_t d = 0; d < dim; ++d) out[d] += w * y[d];
+    }
+  }
+}
 
 void BatchForward::ensure_capacity(int64_t n) {
   const ModelConfig& c = model_.config();
@@ -62,9 +137,11 @@ void BatchForward::ensure_capacity(int64_t n) {
   grow(v_, c.kv_dim());
   grow(attn_, c.q_dim());
   grow(proj_, c.dim);
-  grow(gate_, c.ffn_dim);
-  grow(up_, c.ffn_dim);
-  grow(hidden_, c.ffn_dim);
+  const int64_t ffn = std::max(c.ffn_dim, c.expert_ffn_dim);
+  grow(gate_, ffn);
+  grow(up_, ffn);
+  grow(hidden_, ffn);
+
 }
 
 Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std::vector<float>* hidden) {
@@ -159,7 +236,8 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   // The step's multiply-adds: every layer's matrices and attention over the
   // context for each token, the output matrix for each output row.
   int64_t step_macs = n_out * dim * c.n_vocab;
-  const int64_t layer_params = dim * (2 * q_dim + 2 * kv_dim + 3 * c.ffn_dim);
+  const int64_t layer_params =
+      dim * (2 * q_dim + 2 * kv_dim + (c.block.moe ? c.n_expert + 3 * c.n_expert_used * c.expert_ffn_dim : 3 * c.ffn_dim));
   for (int64_t i = 0; i < n && step_macs < kMinParallelStepMacs; ++i)
     step_macs += c.n_layers * (layer_params + 2 * (tok_pos[(size_t)i] + 1) * q_dim);
   ThreadPool* const pool = step_macs >= kMinParallelStepMacs ? pool_ : nullptr;
@@ -295,6 +373,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
           t.scale = scale;
           t.window = window;
           t.softcap = c.attn_softcap;
+          t.sinks = l.sinks.empty() ? nullptr : l.sinks.data();
           t.out = attn_.data() + tl.tok * q_dim;
           t.out_stride = q_dim;
           kernels::attention_tile(t);
@@ -302,6 +381,9 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       }, attn_grain);
     }
     mm(l.wo, attn_.data(), n, proj_.data());
+    if (!l.bo.empty())
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < dim; ++j) proj_[(size_t)(i * dim + j)] += l.bo[(size_t)j];
     if (c.block.post_attn_norm)
       for (int64_t i = 0; i < n; ++i)
         ref::rmsnorm(proj_.data() + i * dim, proj_.data() + i * dim, l.post_attn_norm.data(), dim, c.rms_eps);
@@ -309,10 +391,14 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
 
     for (int64_t i = 0; i < n; ++i)
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.ffn_norm.data(), dim, c.rms_eps);
-    mm(l.w_gate, xn_.data(), n, gate_.data());
-    mm(l.w_up, xn_.data(), n, up_.data());
-    blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
-    mm(l.w_down, hidden_.data(), n, proj_.data());
+    if (c.block.moe) {
+      moe_ffn(l, n, mm);
+    } else {
+      mm(l.w_gate, xn_.data(), n, gate_.data());
+      mm(l.w_up, xn_.data(), n, up_.data());
+      blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
+      mm(l.w_down, hidden_.data(), n, proj_.data());
+    }
     if (c.block.post_ffn_norm)
       for (int64_t i = 0; i < n; ++i)
         ref::rmsnorm(proj_.data() + i * dim, proj_.data() + i * dim, l.post_ffn_norm.data(), dim, c.rms_eps);

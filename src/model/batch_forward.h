@@ -60,8 +60,14 @@ class BatchForward {
   // none, the default). The observer must outlive its use.
   void set_observer(const MatmulObserver* obs) { observer_ = obs; }
 
+  // Mixture-of-experts models: tokens routed to each expert since
+  // construction, [n_layers * n_expert] (layer-major); empty otherwise.
+  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+
  private:
   void ensure_capacity(int64_t n_tokens);
+  template <class MM>
+  void moe_ffn(const LayerWeights& l, int64_t n, const MM& mm);
 
   const Model& model_;
   KvStorage& kv_;
@@ -70,6 +76,13 @@ class BatchForward {
   // scratch, [n_tokens, ...]
   std::vector<float> x_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, hidden_, out_rows_;
   std::vector<float> cs_full_, cs_swa_;  // RoPE cos/sin per token, [n_tokens, rope_dim]
+  // Mixture of experts: router logits [n, n_expert], each token's experts and
+  // weights [n, n_used], the rows of each expert's group, gathered inputs and
+  // per-(token, slot) outputs.
+  std::vector<float> router_, sel_w_, moe_in_, moe_out_;
+  std::vector<int32_t> sel_;
+  std::vector<int64_t> group_start_, group_rows_;
+  std::vector<int64_t> expert_tokens_;  // [n_layers, n_expert]: tokens routed, since construction
 };
 
 }  // namespace serval

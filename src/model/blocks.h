@@ -3,6 +3,8 @@
 // per-token operations over F32 rows. Header-only free functions; thread-safe.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/ref/ops.h"
@@ -18,8 +20,52 @@ inline void head_rmsnorm(float* x, int64_t n_heads, int64_t head_dim, const floa
 
 // out = act(gate) * up over n elements, the recipe's activation.
 inline void gated_act(FfnActivation act, float* out, const float* gate, const float* up, int64_t n) {
-  if (act == FfnActivation::gelu_tanh) ref::geglu(out, gate, up, n);
-  else ref::swiglu(out, gate, up, n);
+  switch (act) {
+    case FfnActivation::gelu_tanh: ref::geglu(out, gate, up, n); return;
+    case FfnActivation::swiglu_oai:
+      // gpt-oss (ggml_swiglu_oai): alpha 1.702, limit 7.
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = std::min(gate[i], 7.0f), u = std::max(-7.0f, std::min(up[i], 7.0f));
+        out[i] = g / (1.0f + std::exp(-1.702f * g)) * (u + 1.0f);
+      }
+      return;
+    case FfnActivation::silu: ref::swiglu(out, gate, up, n); return;
+  }
+}
+
+// The experts a token routes to and their weights, from the router's logits
+// [n_expert] (bias added): ids[k], weights[k] for k < n_used, the k-th largest
+// logit first (ties: the lower expert id), so the sum of the experts' outputs
+// runs in a fixed order.
+inline void route(const ModelConfig& c, const float* logits, int32_t* ids, float* weights) {
+  const int64_t ne = c.n_expert, k_used = c.n_expert_used;
+  for (int64_t k = 0; k < k_used; ++k) {
+    int32_t best = -1;
+    for (int32_t e = 0; e < (int32_t)ne; ++e) {
+      bool taken = false;
+      for (int64_t j = 0; j < k; ++j) taken |= ids[j] == e;
+      if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+    }
+    ids[k] = best;
+  }
+  if (c.block.gating == MoeGating::softmax_of_topk) {
+    // softmax over the chosen logits (the first is the largest)
+    double sum = 0;
+    for (int64_t k = 0; k < k_used; ++k) sum += std::exp((double)logits[ids[k]] - logits[ids[0]]);
+    for (int64_t k = 0; k < k_used; ++k) weights[k] = (float)(std::exp((double)logits[ids[k]] - logits[ids[0]]) / sum);
+    return;
+  }
+  // softmax over every expert, the chosen ones' probabilities
+  const float mx = logits[ids[0]];
+  double z = 0;
+  for (int64_t e = 0; e < ne; ++e) z += std::exp((double)logits[e] - mx);
+  double sel = 0;
+  for (int64_t k = 0; k < k_used; ++k) {
+    weights[k] = (float)(std::exp((double)logits[ids[k]] - mx) / z);
+    sel += weights[k];
+  }
+  if (c.block.moe_norm_weights)
+    for (int64_t k = 0; k < k_used; ++k) weights[k] = (float)(weights[k] / sel);
 }
 
 // The RoPE of layer il: the sliding-window variant for local layers, with the

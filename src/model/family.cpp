@@ -63,6 +63,34 @@ Status load_attention(TensorLoader& ld, const ModelConfig& c, int64_t il, LayerW
     SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_k_norm.weight", c.head_dim, &l.k_norm));
   }
   if (b.post_attn_norm) SERVAL_RETURN_IF_ERROR(ld.vec(p + "post_attention_norm.weight", c.dim, &l.post_attn_norm));
+  if (b.attn_out_bias) SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_output.bias", c.dim, &l.bo));
+  if (b.attn_sinks) SERVAL_RETURN_IF_ERROR(ld.vec(p + "attn_sinks.weight", c.n_heads, &l.sinks));
+  return {};
+}
+
+Status read_moe_hparams(const HparamReader& r, ModelConfig& c) {
+  SERVAL_RETURN_IF_ERROR(r.get_int("expert_count", 1, kMaxExperts, -1, &c.n_expert));
+  SERVAL_RETURN_IF_ERROR(r.get_int("expert_used_count", 1, c.n_expert, -1, &c.n_expert_used));
+  SERVAL_RETURN_IF_ERROR(r.get_int("expert_feed_forward_length", 1, 1 << 20, c.ffn_dim, &c.expert_ffn_dim));
+  c.block.moe = true;
+  return {};
+}
+
+Status load_moe_ffn(TensorLoader& ld, const ModelConfig& c, int64_t il, LayerWeights& l, const std::string& norm_name) {
+  const std::string p = "blk." + std::to_string(il) + ".";
+  const int64_t ne = c.n_expert, ff = c.expert_ffn_dim;
+  SERVAL_RETURN_IF_ERROR(ld.vec(p + norm_name + ".weight", c.dim, &l.ffn_norm));
+  SERVAL_RETURN_IF_ERROR(ld.matrix(p + "ffn_gate_inp.weight", ne, c.dim, &l.router));
+  SERVAL_RETURN_IF_ERROR(ld.matrices(p + "ffn_gate_exps.weight", ne, ff, c.dim, &l.exp_gate));
+  SERVAL_RETURN_IF_ERROR(ld.matrices(p + "ffn_up_exps.weight", ne, ff, c.dim, &l.exp_up));
+  SERVAL_RETURN_IF_ERROR(ld.matrices(p + "ffn_down_exps.weight", ne, c.dim, ff, &l.exp_down));
+  if (c.block.moe_biases) {
+    SERVAL_RETURN_IF_ERROR(ld.vec(p + "ffn_gate_inp.bias", ne, &l.router_bias));
+    SERVAL_RETURN_IF_ERROR(ld.vecs(p + "ffn_gate_exps.bias", ne, ff, &l.exp_gate_b));
+    SERVAL_RETURN_IF_ERROR(ld.vecs(p + "ffn_up_exps.bias", ne, ff, &l.exp_up_b));
+    SERVAL_RETURN_IF_ERROR(ld.vecs(p + "ffn_down_exps.bias", ne, c.dim, &l.exp_down_b));
+  }
+  if (c.block.post_ffn_norm) SERVAL_RETURN_IF_ERROR(ld.vec(p + "post_ffw_norm.weight", c.dim, &l.post_ffn_norm));
   return {};
 }
 
@@ -87,14 +115,15 @@ Status load_ffn(TensorLoader& ld, const ModelConfig& c, int64_t il, LayerWeights
 Status load_standard(TensorLoader& ld, const ModelConfig& c, ModelWeights& w, bool fused_up_gate) {
   // Mixture-of-experts layers are a family feature of their own (not here yet):
   // refuse them by name rather than with a missing ffn_gate.
-  if (auto n = ld.file().get_int(c.arch + ".expert_count"); n.ok() && *n > 0)
+  if (auto n = ld.file().get_int(c.arch + ".expert_count"); !c.block.moe && n.ok() && *n > 0)
     return unsupported("metadata key '" + c.arch + ".expert_count' = " + std::to_string(*n) +
                        ": mixture-of-experts '" + c.arch + "' models are not supported yet");
   SERVAL_RETURN_IF_ERROR(load_embeddings(ld, c, w));
   w.layers.resize((size_t)c.n_layers);
   for (int64_t il = 0; il < c.n_layers; ++il) {
     SERVAL_RETURN_IF_ERROR(load_attention(ld, c, il, w.layers[(size_t)il]));
-    SERVAL_RETURN_IF_ERROR(load_ffn(ld, c, il, w.layers[(size_t)il], fused_up_gate));
+    if (c.block.moe) SERVAL_RETURN_IF_ERROR(load_moe_ffn(ld, c, il, w.layers[(size_t)il]));
+    else SERVAL_RETURN_IF_ERROR(load_ffn(ld, c, il, w.layers[(size_t)il], fused_up_gate));
   }
   return {};
 }

@@ -48,8 +48,18 @@ Status load_attention(TensorLoader& ld, const ModelConfig& c, int64_t il, LayerW
 // ffn_norm, ffn_gate/ffn_up (or ffn_up holding gate rows then up rows, when
 // ffn_gate is absent and fused_up_gate), ffn_down, the recipe's post-FFN norm.
 Status load_ffn(TensorLoader& ld, const ModelConfig& c, int64_t il, LayerWeights& l, bool fused_up_gate = false);
-// load_embeddings, then load_attention and load_ffn for every layer.
+// The mixture-of-experts FFN: the norm (`norm_name`: ffn_norm, or gpt-oss's
+// post_attention_norm), ffn_gate_inp (the router) and ffn_{gate,up,down}_exps,
+// with the recipe's biases.
+Status load_moe_ffn(TensorLoader& ld, const ModelConfig& c, int64_t il, LayerWeights& l,
+                    const std::string& norm_name = "ffn_norm");
+// load_embeddings, then load_attention and load_ffn (load_moe_ffn with the
+// recipe's moe) for every layer.
 Status load_standard(TensorLoader& ld, const ModelConfig& c, ModelWeights& w, bool fused_up_gate = false);
+// Reads expert_count (1..kMaxExperts), expert_used_count (1..expert_count) and
+// expert_feed_forward_length (default feed_forward_length) and sets recipe moe.
+constexpr int64_t kMaxExperts = 1024;
+Status read_moe_hparams(const HparamReader& r, ModelConfig& c);
 
 // Sets c.layer_swa: layer il is a sliding-window layer unless (il + 1) % period == 0
 // (gemma3, period 6: 5 local then 1 global; gemma2, period 2: even layers local).

@@ -34,8 +34,11 @@ void Model::pack_weights() {
   };
   ModelWeights& w = weights_;
   pack(w.output, !w.tied_output);  // token_embd is read by row (embedding lookup): stays as stored
-  for (LayerWeights& l : w.layers)
-    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) pack(*m, true);
+  for (LayerWeights& l : w.layers) {
+    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router}) pack(*m, true);
+    for (auto* experts : {&l.exp_gate, &l.exp_up, &l.exp_down})
+      for (Matrix& m : *experts) pack(m, true);
+  }
 }
 
 Status Model::load_weights() {

@@ -19,8 +19,16 @@ namespace serval {
 struct Family;
 
 enum class FfnActivation {
-  silu,       // SwiGLU: silu(gate) * up (llama, qwen, phi3)
-  gelu_tanh,  // GeGLU: gelu_tanh(gate) * up (gemma)
+  silu,        // SwiGLU: silu(gate) * up (llama, qwen, phi3)
+  gelu_tanh,   // GeGLU: gelu_tanh(gate) * up (gemma)
+  swiglu_oai,  // gpt-oss: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)
+};
+
+// How a mixture-of-experts layer weighs the experts it picks (top-k by the
+// router's logits in both: softmax is monotonic).
+enum class MoeGating {
+  softmax,          // softmax over all experts, the top-k's probabilities (renormalized with moe_norm_weights)
+  softmax_of_topk,  // softmax over the top-k logits alone (gpt-oss)
 };
 
 // Which building blocks a layer is made of, in this order:
@@ -40,7 +48,16 @@ struct BlockRecipe {
   bool qk_norm = false;         // attn_{q,k}_norm.weight [head_dim] (qwen3, gemma3)
   bool post_attn_norm = false;  // post_attention_norm.weight (gemma2/3)
   bool post_ffn_norm = false;   // post_ffw_norm.weight (gemma2/3)
+  bool attn_out_bias = false;   // attn_output.bias (gpt-oss)
+  bool attn_sinks = false;      // attn_sinks.weight, one logit per head in the softmax's denominator (gpt-oss)
   FfnActivation act = FfnActivation::silu;
+  // Mixture of experts instead of the dense FFN: the router (ffn_gate_inp)
+  // picks n_expert_used of n_expert experts per token; their outputs are
+  // summed with the gating weights.
+  bool moe = false;
+  MoeGating gating = MoeGating::softmax;
+  bool moe_norm_weights = true;  // softmax gating: divide the top-k probabilities by their sum
+  bool moe_biases = false;       // ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
 };
 
 struct ModelConfig {
@@ -56,6 +73,9 @@ struct ModelConfig {
   int64_t head_dim = 0;    // attention.key_length; defaults to dim / n_heads
   int64_t rope_dim = 0;    // rope.dimension_count; defaults to head_dim
   int64_t ffn_dim = 0;     // feed_forward_length
+  int64_t n_expert = 0;        // expert_count (recipe moe)
+  int64_t n_expert_used = 0;   // expert_used_count
+  int64_t expert_ffn_dim = 0;  // expert_feed_forward_length (default feed_forward_length)
   int64_t n_ctx_train = 0; // context_length
   float rms_eps = 1e-5f;   // attention.layer_norm_rms_epsilon
 

@@ -23,9 +23,10 @@ ReferenceForward::ReferenceForward(const Model& model, int64_t n_ctx, ThreadPool
   att_.resize((size_t)n_ctx);
   attn_out_.resize((size_t)c.q_dim());
   proj_.resize((size_t)c.dim);
-  gate_.resize((size_t)c.ffn_dim);
-  up_.resize((size_t)c.ffn_dim);
-  ffn_.resize((size_t)c.ffn_dim);
+  const int64_t ffn = std::max(c.ffn_dim, c.expert_ffn_dim);
+  gate_.resize((size_t)ffn);
+  up_.resize((size_t)ffn);
+  ffn_.resize((size_t)ffn);
 }
 
 void ReferenceForward::truncate(int64_t n) {
@@ -102,7 +103,16 @@ Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<
         att_[(size_t)t] = (float)s * scale;
       }
       if (c.attn_softcap > 0.0f) ref::softcap(att_.data() + lo, pos + 1 - lo, c.attn_softcap);
-      ref::softmax(att_.data() + lo, pos + 1 - lo);
+      if (!l.sinks.empty()) {
+        // The sink logit joins the softmax's denominator only.
+        float mx = l.sinks[(size_t)h];
+        for (int64_t t = lo; t <= pos; ++t) mx = std::max(mx, att_[(size_t)t]);
+        double z = std::exp((double)l.sinks[(size_t)h] - mx);
+        for (int64_t t = lo; t <= pos; ++t) z += std::exp((double)att_[(size_t)t] - mx);
+        for (int64_t t = lo; t <= pos; ++t) att_[(size_t)t] = (float)(std::exp((double)att_[(size_t)t] - mx) / z);
+      } else {
+        ref::softmax(att_.data() + lo, pos + 1 - lo);
+      }
       float* out = attn_out_.data() + h * hd;
       for (int64_t i = 0; i < hd; ++i) {
         double acc = 0.0;
@@ -111,15 +121,41 @@ Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<
       }
     }
     matvec(l.wo, attn_out_.data(), proj_.data());
+    for (size_t i = 0; i < l.bo.size(); ++i) proj_[i] += l.bo[i];
     if (c.block.post_attn_norm) ref::rmsnorm(proj_.data(), proj_.data(), l.post_attn_norm.data(), dim, c.rms_eps);
     for (int64_t i = 0; i < dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
 
     // --- feed-forward (SwiGLU) ---
     ref::rmsnorm(xn_.data(), x_.data(), l.ffn_norm.data(), dim, c.rms_eps);
-    matvec(l.w_gate, xn_.data(), gate_.data());
-    matvec(l.w_up, xn_.data(), up_.data());
-    blocks::gated_act(c.block.act, ffn_.data(), gate_.data(), up_.data(), c.ffn_dim);
-    matvec(l.w_down, ffn_.data(), proj_.data());
+    if (c.block.moe) {
+      // Route, then sum the chosen experts' outputs with their weights.
+      const int64_t ne = c.n_expert, k_used = c.n_expert_used, ff = c.expert_ffn_dim;
+      std::vector<float> logits((size_t)ne), weights((size_t)k_used), y((size_t)dim);
+      std::vector<int32_t> ids((size_t)k_used);
+      matvec(l.router, xn_.data(), logits.data());
+      for (size_t e = 0; e < l.router_bias.size(); ++e) logits[e] += l.router_bias[e];
+      blocks::route(c, logits.data(), ids.data(), weights.data());
+      std::fill(proj_.begin(), proj_.end(), 0.0f);
+      for (int64_t k = 0; k < k_used; ++k) {
+        const int32_t e = ids[(size_t)k];
+        matvec(l.exp_gate[(size_t)e], xn_.data(), gate_.data());
+        matvec(l.exp_up[(size_t)e], xn_.data(), up_.data());
+        if (!l.exp_gate_b.empty())
+          for (int64_t f = 0; f < ff; ++f) {
+            gate_[(size_t)f] += l.exp_gate_b[(size_t)(e * ff + f)];
+            up_[(size_t)f] += l.exp_up_b[(size_t)(e * ff + f)];
+          }
+        blocks::gated_act(c.block.act, ffn_.data(), gate_.data(), up_.data(), ff);
+        matvec(l.exp_down[(size_t)e], ffn_.data(), y.data());
+        for (int64_t d = 0; d < dim; ++d)
+          proj_[(size_t)d] += weights[(size_t)k] * (y[(size_t)d] + (l.exp_down_b.empty() ? 0.0f : l.exp_down_b[(size_t)(e * dim + d)]));
+      }
+    } else {
+      matvec(l.w_gate, xn_.data(), gate_.data());
+      matvec(l.w_up, xn_.data(), up_.data());
+      blocks::gated_act(c.block.act, ffn_.data(), gate_.data(), up_.data(), c.ffn_dim);
+      matvec(l.w_down, ffn_.data(), proj_.data());
+    }
     if (c.block.post_ffn_norm) ref::rmsnorm(proj_.data(), proj_.data(), l.post_ffn_norm.data(), dim, c.rms_eps);
     for (int64_t i = 0; i < dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
   }

@@ -48,6 +48,32 @@ Status TensorLoader::vec(const std::string& name, int64_t n, std::vector<float>*
   return {};
 }
 
+Status TensorLoader::matrices(const std::string& name, int64_t n, int64_t rows, int64_t cols, std::vector<Matrix>* out) {
+  auto t = get(name, {cols, rows, n}, false);
+  if (!t.ok()) return t.status();
+  const uint8_t* base = f_.tensor_data(**t).data();
+  const size_t slice = row_size((*t)->type, cols) * (size_t)rows;
+  out->assign((size_t)n, Matrix{});
+  for (int64_t e = 0; e < n; ++e) {
+    Matrix& m = (*out)[(size_t)e];
+    m.type = (*t)->type;
+    m.rows = rows;
+    m.cols = cols;
+    m.data = base + (size_t)e * slice;
+  }
+  return {};
+}
+
+Status TensorLoader::vecs(const std::string& name, int64_t n, int64_t len, std::vector<float>* out) {
+  auto t = get(name, {len, n}, false);
+  if (!t.ok()) return t.status();
+  out->resize((size_t)(n * len));
+  const uint8_t* base = f_.tensor_data(**t).data();
+  const size_t row = row_size((*t)->type, len);
+  for (int64_t e = 0; e < n; ++e) ref::dequantize_row((*t)->type, base + (size_t)e * row, out->data() + e * len, len);
+  return {};
+}
+
 void TensorLoader::ignore(const std::string& name, const std::string& why) {
   if (!f_.find_tensor(name) || used_.count(name)) return;
   used_.insert(name);

@@ -30,6 +30,11 @@ class TensorLoader {
   Status matrix(const std::string& name, int64_t rows, int64_t cols, Matrix* out, bool optional = false);
   // A vector of n elements widened to F32 (left empty when optional and missing).
   Status vec(const std::string& name, int64_t n, std::vector<float>* out, bool optional = false);
+  // A 3-D [n, rows, cols] stack of n matrices (GGUF dims {cols, rows, n}),
+  // as n views of consecutive slices.
+  Status matrices(const std::string& name, int64_t n, int64_t rows, int64_t cols, std::vector<Matrix>* out);
+  // n vectors of len elements (GGUF dims {len, n}), widened to F32, [n * len].
+  Status vecs(const std::string& name, int64_t n, int64_t len, std::vector<float>* out);
   bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
 
   // Declares `name` (if present) known-harmless: not used, not an error; a

@@ -33,9 +33,17 @@ struct LayerWeights {
   std::vector<float> bq, bk, bv;      // [q_dim], [kv_dim], [kv_dim]; empty when absent
   std::vector<float> q_norm, k_norm;  // [head_dim] each (recipe qk_norm); else empty
   std::vector<float> post_attn_norm;  // [dim] (recipe post_attn_norm); else empty
+  std::vector<float> bo;              // [dim] attn_output.bias (recipe attn_out_bias); else empty
+  std::vector<float> sinks;           // [n_heads] attn_sinks (recipe attn_sinks); else empty
   std::vector<float> ffn_norm;        // [dim]
-  Matrix w_gate, w_up, w_down;        // [ffn, dim] x2, [dim, ffn]
+  Matrix w_gate, w_up, w_down;        // [ffn, dim] x2, [dim, ffn]; dense FFN only
   std::vector<float> post_ffn_norm;   // [dim] (recipe post_ffn_norm); else empty
+  // Mixture of experts (recipe moe): the router and each expert's matrices,
+  // views of the 3-D ffn_{gate,up,down}_exps tensors (expert e's slice).
+  Matrix router;                                // [n_expert, dim] ffn_gate_inp
+  std::vector<float> router_bias;               // [n_expert] or empty
+  std::vector<Matrix> exp_gate, exp_up, exp_down;  // [n_expert] x [expert_ffn, dim] / [dim, expert_ffn]
+  std::vector<float> exp_gate_b, exp_up_b, exp_down_b;  // [n_expert * expert_ffn] x2, [n_expert * dim]; or empty
 };
 
 struct ModelWeights {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "kernels/isa_levels.h"
@@ -22,8 +23,14 @@ using namespace serval;
 namespace {
 
 const std::string kShared = SERVAL_SHARED_DIR;
-const char* const kDense[] = {"mini-llama3-F16.gguf", "mini-qwen3-F16.gguf", "mini-gemma3-F16.gguf",
-                              "mini-phi3-F16.gguf"};
+// The mini-mixtral golden is left out: ik_llama.cpp's llama graph (August
+// 2026) adds the normed FFN input instead of the residual stream after its
+// MoE branch (build_llama: `add_input` on the normed tensor, the residual
+// add commented out); serval runs Mixtral's real math, and matches that
+// golden to 0.0003 only when made to replicate the slip. Mixtral is checked
+// against the reference forward below instead.
+const char* const kFiles[] = {"mini-llama3-F16.gguf", "mini-qwen3-F16.gguf",    "mini-gemma3-F16.gguf",
+                              "mini-phi3-F16.gguf",   "mini-qwen3moe-F16.gguf", "mini-gpt-oss-F16.gguf"};
 
 nlohmann::json golden() {
   std::ifstream in(kShared + "/golden/arch.json");
@@ -88,7 +95,7 @@ TEST(ArchForward, BatchedForwardMatchesLlamaCppAtEveryLevel) {
   test::IsaGuard guard;
   for (Isa isa : test::available_isa_levels()) {
     ASSERT_EQ(kernels::set_isa(isa), isa);
-    for (const char* file : kDense) {
+    for (const char* file : kFiles) {
       auto model = Model::load(kShared + "/models/arch/" + file);
       ASSERT_TRUE(model.ok()) << file << ": " << model.status().message();
       const Model& m = **model;
@@ -108,7 +115,7 @@ TEST(ArchForward, BatchedForwardMatchesLlamaCppAtEveryLevel) {
 
 TEST(ArchForward, ReferenceForwardMatchesLlamaCpp) {
   const auto g = golden();
-  for (const char* file : kDense) {
+  for (const char* file : kFiles) {
     auto model = Model::load(kShared + "/models/arch/" + file);
     ASSERT_TRUE(model.ok()) << file << ": " << model.status().message();
     const Model& m = **model;
@@ -121,5 +128,55 @@ TEST(ArchForward, ReferenceForwardMatchesLlamaCpp) {
       return all;
     });
     expect_close(r, std::string("reference ") + file);
+  }
+}
+
+// Mixtral-style llama with experts: the batched forward (grouped expert
+// matmul, every level) against the reference forward's log-probs over 60
+// positions (softmax router, top-2, renormalized).
+TEST(ArchForward, MixtralBatchedMatchesReference) {
+  auto model = Model::load(kShared + "/models/arch/mini-mixtral-F16.gguf");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const Model& m = **model;
+  ASSERT_TRUE(m.config().block.moe);
+  const int64_t nv = m.config().n_vocab;
+  std::vector<TokenId> toks = {1};
+  for (int i = 0; i < 59; ++i) toks.push_back((TokenId)(3 + (i * 37) % 500));
+  std::vector<float> want(toks.size() * (size_t)nv);
+  {
+    ReferenceForward fwd(m, (int64_t)toks.size());
+    for (size_t i = 0; i < toks.size(); ++i)
+      ASSERT_TRUE(fwd.eval(toks[i], std::span<float>(want.data() + i * (size_t)nv, (size_t)nv)).ok());
+  }
+  auto logprobs = [&](const float* l) {
+    std::vector<double> lp((size_t)nv);
+    double mx = -INFINITY, z = 0;
+    for (int64_t i = 0; i < nv; ++i) mx = std::max(mx, (double)l[i]);
+    for (int64_t i = 0; i < nv; ++i) z += std::exp((double)l[i] - mx);
+    for (int64_t i = 0; i < nv; ++i) lp[(size_t)i] = (double)l[i] - mx - std::log(z);
+    return lp;
+  };
+  test::IsaGuard guard;
+  for (Isa isa : test::available_isa_levels()) {
+    ASSERT_EQ(kernels::set_isa(isa), isa);
+    const auto got = test::forward_all(m, KvType::f32, toks, 13);
+    double sum = 0, worst = 0;
+    int n = 0;
+    for (size_t p = 0; p < toks.size(); ++p) {
+      const auto a = logprobs(got.data() + p * (size_t)nv), b = logprobs(want.data() + p * (size_t)nv);
+      // the reference's top 5
+      std::vector<int> idx((size_t)nv);
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int x, int y) { return b[(size_t)x] > b[(size_t)y]; });
+      for (int k = 0; k < 5; ++k) {
+        const double d = std::fabs(a[(size_t)idx[(size_t)k]] - b[(size_t)idx[(size_t)k]]);
+        sum += d;
+        worst = std::max(worst, d);
+        ++n;
+      }
+    }
+    std::printf("%-10s mixtral batched vs reference: mean |d logprob| %.5f max %.5f\n", isa_name(isa), sum / n, worst);
+    EXPECT_LE(sum / n, 0.005) << isa_name(isa);
+    EXPECT_LE(worst, 0.03) << isa_name(isa);
   }
 }

@@ -198,8 +198,50 @@ TEST(FamilyLoad, KeysThatChangeTheMathAreAppliedOrRefused) {
 
 TEST(FamilyLoad, UnsupportedArchitecturesAreNamed) {
   expect_error(load_edited("mini-llama3-F16.gguf", set_key("general.architecture", gguf::Value(std::string("mamba")))),
-               "unsupported architecture 'mamba' (supported: llama, qwen2, qwen3, gemma2, gemma3, phi3)");
-  expect_error(Model::load(kArch + "mini-qwen3moe-F16.gguf"), "unsupported architecture 'qwen3moe'");
-  expect_error(Model::load(kArch + "mini-gpt-oss-F16.gguf"), "unsupported architecture 'gpt-oss'");
-  expect_error(Model::load(kArch + "mini-mixtral-F16.gguf"), "mixture-of-experts 'llama' models are not supported yet");
+               "unsupported architecture 'mamba' (supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss)");
+  // Experts on a family without them.
+  expect_error(load_edited("mini-qwen3-F16.gguf", nullptr, nullptr, {{"qwen3.expert_count", gguf::Value(uint32_t{8})}}),
+               "mixture-of-experts 'qwen3' models are not supported");
+}
+
+TEST(FamilyLoad, MixtureOfExpertsConfigs) {
+  for (const char* f : {"mini-qwen3moe-F16.gguf", "mini-mixtral-F16.gguf", "mini-gpt-oss-F16.gguf"}) {
+    auto m = Model::load(kArch + f);
+    ASSERT_TRUE(m.ok()) << f << ": " << m.status().message();
+    const auto& c = (*m)->config();
+    EXPECT_TRUE(c.block.moe) << f;
+    EXPECT_EQ(c.n_expert, 8) << f;
+    EXPECT_EQ(c.n_expert_used, 2) << f;
+    EXPECT_EQ((*m)->weights().layers[1].exp_down.size(), 8u) << f;
+  }
+  auto g = Model::load(kArch + "mini-gpt-oss-F16.gguf");
+  ASSERT_TRUE(g.ok());
+  const auto& c = (*g)->config();
+  EXPECT_EQ(c.block.gating, MoeGating::softmax_of_topk);
+  EXPECT_EQ(c.block.act, FfnActivation::swiglu_oai);
+  EXPECT_TRUE(c.block.attn_sinks && c.block.attn_out_bias && c.block.moe_biases);
+  EXPECT_EQ(c.layer_swa, (std::vector<uint8_t>{1, 0}));
+  EXPECT_EQ(c.rope.ext_factor, 1.0f);  // YaRN
+  EXPECT_FLOAT_EQ(c.rope.freq_scale, 1.0f / 32.0f);
+  EXPECT_EQ((*g)->weights().layers[0].sinks.size(), 8u);
+}
+
+// Bad expert hyper-parameters and expert tensors of the wrong shape get an
+// error naming the key or tensor.
+TEST(FamilyLoad, BadExpertKeysAndTensorsAreNamed) {
+  const std::string f = "mini-qwen3moe-F16.gguf";
+  expect_error(load_edited(f, set_key("qwen3moe.expert_count", gguf::Value(uint32_t{0}))),
+               "qwen3moe.expert_count': expected a value in [1, 1024], got 0");
+  expect_error(load_edited(f, set_key("qwen3moe.expert_count", gguf::Value(uint32_t{1u << 20}))),
+               "qwen3moe.expert_count': expected a value in [1, 1024]");
+  expect_error(load_edited(f, set_key("qwen3moe.expert_used_count", gguf::Value(uint32_t{9}))),
+               "qwen3moe.expert_used_count': expected a value in [1, 8], got 9");
+  expect_error(load_edited(f, set_key("qwen3moe.expert_count", gguf::Value(uint32_t{4}))),
+               "tensor 'blk.0.ffn_gate_inp.weight': expected shape [512, 4]");
+  expect_error(load_edited(f, set_key("qwen3moe.expert_feed_forward_length", gguf::Value(uint32_t{128}))),
+               "tensor 'blk.0.ffn_gate_exps.weight': expected shape [512, 128, 8]");
+  expect_error(load_edited(f, nullptr, drop("blk.1.ffn_down_exps.weight")),
+               "tensor 'blk.1.ffn_down_exps.weight' is missing");
+  expect_error(load_edited("mini-gpt-oss-F16.gguf", nullptr, drop("blk.0.attn_sinks.weight")),
+               "tensor 'blk.0.attn_sinks.weight' is missing");
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The model families through `serval serve`: for the llama3, qwen3, gemma3 and
-phi3 files of ../shared/models/arch/, llama.cpp's (ik_llama.cpp) greedy paths
+phi3 files of ../shared/models/arch/ and the qwen3moe and gpt-oss
+mixture-of-experts files, llama.cpp's (ik_llama.cpp) greedy paths
 and top-5 log-probs (../shared/golden/arch.json) teacher-forced through
 /v1/completions: each step is one request whose prompt is the golden prompt
 plus the golden tokens so far (as token ids), with logprobs=5; our top-5
@@ -17,7 +18,8 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from harness import Config, Server, Suite, check, eq, post, short  # noqa: E402
 
 suite = Suite("server_families")
-FILES = ["mini-llama3-F16.gguf", "mini-qwen3-F16.gguf", "mini-gemma3-F16.gguf", "mini-phi3-F16.gguf"]
+FILES = ["mini-llama3-F16.gguf", "mini-qwen3-F16.gguf", "mini-gemma3-F16.gguf", "mini-phi3-F16.gguf",
+         "mini-qwen3moe-F16.gguf", "mini-gpt-oss-F16.gguf"]
 
 
 def golden():
@@ -84,7 +86,7 @@ def check_family(file):
 def _register(f):
     def test(ctx):
         check_family(f)
-    test.__name__ = "family_" + f.split("-")[1]
+    test.__name__ = "family_" + f[len("mini-"):-len("-F16.gguf")].replace("-", "_")
     suite.test(test)
 
 

@@ -6,13 +6,23 @@
 //            (optional, [rope_dim/2]: Llama 3.1+ frequency factors), per layer
 //            attn_norm, attn_{q,k,v,output}, ffn_norm, ffn_{gate,up,down}
 //   block: RMSNorm, RoPE (adjacent pairs), SwiGLU
+//   with experts (Mixtral): expert_count, expert_used_count and
+//   ffn_gate_inp, ffn_{gate,up,down}_exps instead of the dense FFN; softmax
+//   router, top-k, renormalized weights
 #include "model/family.h"
 
 namespace serval {
 namespace {
 
-Status read_config(const HparamReader&, ModelConfig& c) {
+Status read_config(const HparamReader& r, ModelConfig& c) {
   c.rope.layout = c.rope_swa.layout = ref::RopeLayout::adjacent;
+  int64_t n_expert = 0;
+  SERVAL_RETURN_IF_ERROR(r.get_int("expert_count", 0, kMaxExperts, 0, &n_expert));
+  if (n_expert > 0) {
+    SERVAL_RETURN_IF_ERROR(read_moe_hparams(r, c));
+    c.block.gating = MoeGating::softmax;
+    c.block.moe_norm_weights = true;
+  }
   return {};
 }
 

@@ -4,11 +4,12 @@
 
 namespace serval {
 
-extern const Family kLlamaFamily, kQwen2Family, kQwen3Family, kGemma2Family, kGemma3Family, kPhi3Family;
+extern const Family kLlamaFamily, kQwen2Family, kQwen3Family, kQwen3MoeFamily, kGemma2Family, kGemma3Family,
+    kPhi3Family, kGptOssFamily;
 
 const std::vector<const Family*>& families() {
-  static const std::vector<const Family*> all = {&kLlamaFamily,  &kQwen2Family,  &kQwen3Family,
-                                                 &kGemma2Family, &kGemma3Family, &kPhi3Family};
+  static const std::vector<const Family*> all = {&kLlamaFamily,  &kQwen2Family,  &kQwen3Family, &kQwen3MoeFamily,
+                                                 &kGemma2Family, &kGemma3Family, &kPhi3Family,  &kGptOssFamily};
   return all;
 }
 
