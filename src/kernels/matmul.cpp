@@ -213,6 +213,7 @@ X16Fields x16_fields(DType t) {
     case DType::q4_1: return {2, -1, 4, 256};
     case DType::q5_0: return {-1, 2, 6, 320};
     case DType::q5_1: return {2, 4, 8, 320};
+    case DType::mxfp4: return {-1, -1, 1, 256};  // the E8M0 exponent becomes an F16 scale
     default: return {};  // Q4_0, IQ4_NL
   }
 }
@@ -227,10 +228,28 @@ size_t x16_d_at(const X16Fields& f, int64_t b) {
 bool x16_layout(DType t) {
   switch (t) {
     case DType::q4_0: case DType::iq4_nl: case DType::q8_0: case DType::q4_1: case DType::q5_0: case DType::q5_1:
+    case DType::mxfp4:
       return true;
     default:
       return false;
   }
+}
+
+// MXFP4's scale 2^(e - 128) as F16 bits, exactly, for e in [104, 143]
+// (2^-24 .. 2^15); -1 outside.
+int mxfp4_f16_scale(uint8_t e) {
+  const int k = (int)e - 128;
+  if (k < -24 || k > 15) return -1;
+  return k >= -14 ? (k + 15) << 10 : 1 << (k + 24);
+}
+uint8_t mxfp4_e_of_f16(uint16_t h) {
+  if (h == 0) return 0;  // an all-zero block (see PackedMatrix::packable_data)
+  if (h < 0x0400) {      // subnormal: 2^(k + 24) = h
+    int k = -24;
+    while ((1 << (k + 24)) != h) ++k;
+    return (uint8_t)(k + 128);
+  }
+  return (uint8_t)(((int)(h >> 10) - 15) + 128);
 }
 
 // Row l's block b of an X16 group <-> its stored block. The fifth bits go to
@@ -249,6 +268,12 @@ void x16_put(DType t, uint8_t* group, int64_t b, int l, const uint8_t* blk) {
       q[256 + 4 * l + j] = v;
     }
   }
+  if (t == DType::mxfp4) {
+    const int h = mxfp4_f16_scale(blk[0]);
+    const uint16_t d = (uint16_t)(h < 0 ? 0 : h);  // only all-zero blocks are out of range here
+    std::memcpy(group + x16_d_at(f, b) + 2 * l, &d, 2);
+    return;
+  }
   std::memcpy(group + x16_d_at(f, b) + 2 * l, blk, 2);
   if (f.m >= 0) std::memcpy(group + x16_d_at(f, b) + 64 + 2 * l, blk + f.m, 2);
 }
@@ -262,6 +287,12 @@ void x16_get(DType t, const uint8_t* group, int64_t b, int l, uint8_t* blk) {
     for (int j = 0; j < 4; ++j)
       for (int k = 0; k < 8; ++k) qh |= (uint32_t)((q[256 + 4 * l + j] >> k) & 1) << (4 * k + j);
     std::memcpy(blk + f.qh, &qh, 4);
+  }
+  if (t == DType::mxfp4) {
+    uint16_t d;
+    std::memcpy(&d, group + x16_d_at(f, b) + 2 * l, 2);
+    blk[0] = mxfp4_e_of_f16(d);
+    return;
   }
   std::memcpy(blk, group + x16_d_at(f, b) + 2 * l, 2);
   if (f.m >= 0) std::memcpy(blk + f.m, group + x16_d_at(f, b) + 64 + 2 * l, 2);
@@ -279,6 +310,20 @@ void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
 
 bool PackedMatrix::packable(DType t) {
   return x16_layout(t) || is_float16(t) || detail::kx16_sb_bytes(t) != 0;
+}
+
+bool PackedMatrix::packable_data(DType t, const void* w, int64_t rows, int64_t cols) {
+  if (!packable(t)) return false;
+  if (t != DType::mxfp4) return true;
+  // The packed layout holds the scale as F16: every block's 2^(e - 128) must
+  // be one exactly, or the block all zeros.
+  const auto* b = static_cast<const block_mxfp4*>(w);
+  for (int64_t i = 0; i < rows * (cols / 32); ++i) {
+    if (mxfp4_f16_scale(b[i].e) >= 0) continue;
+    for (uint8_t q : b[i].qs)
+      if ((q & 7) != 0 || (q >> 4 & 7) != 0) return false;
+  }
+  return true;
 }
 
 PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t cols) {
@@ -341,7 +386,7 @@ void PackedMatrix::dequantize_row(int64_t r, float* out) const {
     return;
   }
   const int64_t nb = cols_ / 32;
-  uint8_t blk[34];
+  uint8_t blk[34] = {};
   for (int64_t b = 0; b < nb; ++b) {
     x16_get(type_, g, b, (int)(r % 16), blk);
     ref::dequantize_row(type_, blk, out + b * 32, 32);

@@ -67,6 +67,10 @@ class PackedMatrix {
  public:
   // True when a packed layout exists for t.
   static bool packable(DType t);
+  // True when w (as pack() takes it) packs exactly: packable(t), and for
+  // MXFP4 every block's scale 2^(e - 128) is an F16 (e in [104, 143]) or the
+  // block is all zeros. Other MXFP4 matrices stay on their stored rows.
+  static bool packable_data(DType t, const void* w, int64_t rows, int64_t cols);
   // The packed copy of w ([rows, cols] of t, as matmul() takes it); t must be
   // packable and cols a multiple of its block size.
   static PackedMatrix pack(DType t, const void* w, int64_t rows, int64_t cols);

@@ -27,7 +27,7 @@ void Model::pack_weights() {
   // The stored copy leaves the resident set once packed (the reference
   // forward still reads it: it faults back in, from the page cache).
   auto pack = [this](Matrix& m, bool release) {
-    if (!m.data || !kernels::PackedMatrix::packable(m.type)) return;
+    if (!m.data || !kernels::PackedMatrix::packable_data(m.type, m.data, m.rows, m.cols)) return;
     m.packed =
         std::make_shared<const kernels::PackedMatrix>(kernels::PackedMatrix::pack(m.type, m.data, m.rows, m.cols));
     if (release) file_.release(m.data, row_size(m.type, m.cols) * (size_t)m.rows);

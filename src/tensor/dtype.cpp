@@ -15,7 +15,7 @@ struct Entry {
 };
 
 // Block geometry per ggml's type table (type_size in bytes per block).
-constexpr std::array<Entry, 30> kTable = {{
+constexpr std::array<Entry, 31> kTable = {{
     {0, {"f32", 1, 4, true}},
     {1, {"f16", 1, 2, true}},
     {2, {"q4_0", 32, 2 + 16, true}},
@@ -46,6 +46,7 @@ constexpr std::array<Entry, 30> kTable = {{
     {29, {"iq1_m", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32, false}},
     {30, {"bf16", 1, 2, true}},
     {34, {"tq1_0", QK_K, 2 + 4 * 13, false}},
+    {39, {"mxfp4", 32, 1 + 16, true}},
 }};
 
 }  // namespace

@@ -43,6 +43,7 @@ enum class DType : uint32_t {
   f64 = 28,
   iq1_m = 29,
   bf16 = 30,
+  mxfp4 = 39,  // OCP microscaling FP4 (E2M1 values, E8M0 block scale; gpt-oss experts)
 };
 
 constexpr uint32_t kDTypeCount = 40;  // ids >= this are rejected outright

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "tensor/dtype.h"
@@ -76,6 +77,26 @@ struct block_iq4_nl {
 // The 16 IQ4_NL code points (ascending, asymmetric around zero).
 inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};
+
+// MXFP4 (OCP microscaling, ggml type 39): 32 FP4 (E2M1) values with one E8M0
+// exponent: y[j] = kMxfp4Values[lo(qs[j])] * 2^(e - 128) and y[j + 16] with
+// hi(qs[j]) (the codebook holds twice the E2M1 values, so the scale is half
+// of 2^(e - 127), as ggml's GGML_E8M0_TO_FP32_HALF).
+struct block_mxfp4 {
+  uint8_t e;
+  uint8_t qs[16];
+};
+
+// The 16 E2M1 values x 2: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// 2^(e - 128) as a float (subnormal for e < 2), exactly.
+inline float mxfp4_scale(uint8_t e) {
+  const uint32_t bits = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 // ---- 256-element super-blocks (K-quants) -------------------------------------
 
@@ -168,6 +189,7 @@ static_assert(sizeof(block_q5_0) == 22 && kIsPlainBlock<block_q5_0>);
 static_assert(sizeof(block_q5_1) == 24 && kIsPlainBlock<block_q5_1>);
 static_assert(sizeof(block_q8_0) == 34 && kIsPlainBlock<block_q8_0>);
 static_assert(sizeof(block_iq4_nl) == 18 && kIsPlainBlock<block_iq4_nl>);
+static_assert(sizeof(block_mxfp4) == 17 && kIsPlainBlock<block_mxfp4>);
 static_assert(sizeof(block_q2_K) == 84 && kIsPlainBlock<block_q2_K>);
 static_assert(sizeof(block_q3_K) == 110 && kIsPlainBlock<block_q3_K>);
 static_assert(sizeof(block_q4_K) == 144 && kIsPlainBlock<block_q4_K>);
@@ -186,6 +208,7 @@ template <> struct BlockOf<block_q5_0> { static constexpr DType type = DType::q5
 template <> struct BlockOf<block_q5_1> { static constexpr DType type = DType::q5_1; static constexpr int qk = QK5_1; };
 template <> struct BlockOf<block_q8_0> { static constexpr DType type = DType::q8_0; static constexpr int qk = QK8_0; };
 template <> struct BlockOf<block_iq4_nl> { static constexpr DType type = DType::iq4_nl; static constexpr int qk = QK4_NL; };
+template <> struct BlockOf<block_mxfp4> { static constexpr DType type = DType::mxfp4; static constexpr int qk = 32; };
 template <> struct BlockOf<block_q2_K> { static constexpr DType type = DType::q2_k; static constexpr int qk = QK_K; };
 template <> struct BlockOf<block_q3_K> { static constexpr DType type = DType::q3_k; static constexpr int qk = QK_K; };
 template <> struct BlockOf<block_q4_K> { static constexpr DType type = DType::q4_k; static constexpr int qk = QK_K; };

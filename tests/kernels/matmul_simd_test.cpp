@@ -101,6 +101,7 @@ Weights random_weights(DType t, int64_t rows, int64_t cols, uint64_t seed) {
       uint8_t* blk = row + (size_t)b * tr.type_size;
       switch (t) {
         case DType::q4_0: case DType::q8_0: case DType::iq4_nl: case DType::q5_0: put16(blk, f16(-0.02, 0.02)); break;
+        case DType::mxfp4: blk[0] = (uint8_t)(112 + r.next() % 16); break;  // scales 2^-16 .. 2^-1
         case DType::q4_1: case DType::q5_1: put16(blk, f16(-0.02, 0.02)); put16(blk + 2, f16(-0.3, 0.3)); break;
         case DType::q4_k: case DType::q5_k: put16(blk, f16(0.0, 0.002)); put16(blk + 2, f16(0.0, 0.002)); break;
         case DType::q6_k: put16(blk + 208, f16(-0.001, 0.001)); break;
@@ -135,6 +136,7 @@ const DType kFastTypes[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_1
 int64_t act_block(DType t) {
   switch (t) {
     case DType::q4_0: case DType::q8_0: case DType::iq4_nl: case DType::q4_1: case DType::q5_0: case DType::q5_1:
+    case DType::mxfp4:
       return 32;
     case DType::q2_k: case DType::q3_k: case DType::q4_k: case DType::q5_k: case DType::q6_k: case DType::iq4_xs:
       return 256;
@@ -634,7 +636,7 @@ TEST(ActQuant, SimdQuantizersMatchScalar) {
 
 const DType kPackedTypes[] = {DType::q4_0, DType::iq4_nl, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0,
                               DType::q2_k,  DType::q3_k,   DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_xs,
-                              DType::f16,   DType::bf16};
+                              DType::f16,   DType::bf16,   DType::mxfp4};
 bool is_affine(DType t) { return t == DType::q4_1 || t == DType::q5_1; }
 bool is_k(DType t) {
   return t == DType::q2_k || t == DType::q3_k || t == DType::q4_k || t == DType::q5_k || t == DType::q6_k || t == DType::iq4_xs;
@@ -678,12 +680,20 @@ void block_ints(const Weights& w, int64_t r, int64_t b, int32_t out[32], uint16_
       out[j] = kIq4nlValues[blk.qs[j] & 15];
       out[j + 16] = kIq4nlValues[blk.qs[j] >> 4];
     }
+  } else if (w.t == DType::mxfp4) {
+    const auto& blk = reinterpret_cast<const block_mxfp4*>(row)[b];
+    for (int j = 0; j < 16; ++j) {
+      out[j] = kMxfp4Values[blk.qs[j] & 15];
+      out[j + 16] = kMxfp4Values[blk.qs[j] >> 4];
+    }
   } else {
     const auto& blk = reinterpret_cast<const block_q8_0*>(row)[b];
     for (int j = 0; j < 32; ++j) out[j] = blk.qs[j];
   }
 }
 uint16_t block_d(const Weights& w, int64_t r, int64_t b) {
+  if (w.t == DType::mxfp4)  // 2^(e - 128), an F16 for the scales the tests use
+    return fp32_to_fp16(mxfp4_scale(reinterpret_cast<const block_mxfp4*>(w.data.data() + (size_t)r * w.stride)[b].e));
   uint16_t d;  // d is the first field of every 32-block type
   std::memcpy(&d, w.data.data() + (size_t)r * w.stride + (size_t)b * row_size(w.t, 32), 2);
   return d;
@@ -873,6 +883,7 @@ TEST(PackedMatrix, RowsRoundTrip) {
                          : t == DType::q6_k                   ? 32
                          : t == DType::iq4_xs                 ? 64
                          : t == DType::q3_k                   ? 96
+                         : t == DType::mxfp4                  ? 16  // the E8M0 byte widened to an F16 scale
                                                               : 0;
     // The 32-block layouts store blocks in pairs: 3 blocks take 4.
     const size_t blocks = is_k(t) || is_float16(t) ? 3 : 4;
@@ -885,6 +896,46 @@ TEST(PackedMatrix, RowsRoundTrip) {
     }
   }
   EXPECT_FALSE(kernels::PackedMatrix::packable(DType::f32));
+}
+
+// MXFP4: the reference dequantization of a hand-built block, the quantizer's
+// error, and which matrices pack (a scale outside F16's range stays on the
+// stored rows: the reference kernel).
+TEST(Mxfp4, BlockQuantizeAndPackability) {
+  block_mxfp4 b{};
+  b.e = 127;  // 2^-1
+  for (int j = 0; j < 16; ++j) b.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+  float y[32];
+  ref::dequantize_row(DType::mxfp4, &b, y, 32);
+  const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], e2m1[j] * 1.0f) << j;       // value x2 in the codebook, x 2^-1
+    EXPECT_EQ(y[j + 16], e2m1[15 - j] * 1.0f) << j;
+  }
+  EXPECT_EQ(mxfp4_scale(0), std::ldexp(1.0f, -128));
+  EXPECT_EQ(mxfp4_scale(1), std::ldexp(1.0f, -127));
+  EXPECT_EQ(mxfp4_scale(200), std::ldexp(1.0f, 72));
+  // Round trip: within the E2M1 grid's half step of each element's block scale.
+  Rng r(3);
+  std::vector<float> x(32 * 64), back(x.size());
+  for (auto& v : x) v = (float)(0.05 * r.normal());
+  std::vector<block_mxfp4> q(64);
+  ref::quantize_row(DType::mxfp4, x.data(), q.data(), (int64_t)x.size());
+  ref::dequantize_row(DType::mxfp4, q.data(), back.data(), (int64_t)x.size());
+  double err = 0, ref2 = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    err += (x[i] - back[i]) * (x[i] - back[i]);
+    ref2 += x[i] * x[i];
+  }
+  const double rel = std::sqrt(err / ref2);
+  std::printf("mxfp4 round-trip relative RMS error %.4f\n", rel);
+  EXPECT_LT(rel, 0.13);
+  EXPECT_GT(rel, 0.02);  // it is a 4-bit format
+  EXPECT_TRUE(kernels::PackedMatrix::packable_data(DType::mxfp4, q.data(), 2, 1024));
+  q[5].e = 150;  // 2^22: no F16
+  EXPECT_FALSE(kernels::PackedMatrix::packable_data(DType::mxfp4, q.data(), 2, 1024));
+  std::memset(q[5].qs, 0x88, 16);  // all (negative) zeros: packs with scale 0
+  EXPECT_TRUE(kernels::PackedMatrix::packable_data(DType::mxfp4, q.data(), 2, 1024));
 }
 
 TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {

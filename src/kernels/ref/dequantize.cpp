@@ -83,6 +83,16 @@ void dequantize_iq4_nl(const block_iq4_nl* x, float* y, int64_t nb) {
   }
 }
 
+void dequantize_mxfp4(const block_mxfp4* x, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, y += 32) {
+    const float d = mxfp4_scale(x[b].e);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * (float)kMxfp4Values[x[b].qs[j] & 0x0F];
+      y[j + 16] = d * (float)kMxfp4Values[x[b].qs[j] >> 4];
+    }
+  }
+}
+
 // q2_K: element 128h + 32k + l (h < 2, k < 4, l < 32) is bits [2k, 2k+2) of
 // qs[32h + l]; its sub-block (of 16) is 8h + 2k + l / 16.
 void dequantize_q2_K(const block_q2_K* x, float* y, int64_t nb) {

@@ -5,6 +5,7 @@
 // picks the grid minimizing the weighted squared error, then a final labelling
 // against the scale exactly as stored (F16-rounded), which is the per-element
 // optimum for that scale.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -135,6 +136,50 @@ void quantize_iq4_nl(const float* x, block_iq4_nl* y, int64_t nb, const float* i
       for (int i = 0; i < 32; ++i) L[i] = (uint8_t)cb.nearest(x[i] * id);
     }
     pack_nibbles32(L, y[b].qs);
+  }
+}
+
+// MXFP4: the exponent that puts the block's largest magnitude at the top of
+// the codebook (e = floor(log2 amax) - 2 + 127, as ggml's reference), or one
+// above it when that gives a smaller (importance-weighted) squared error;
+// every element takes the nearest code (ties: the lower index).
+void quantize_mxfp4(const float* x, block_mxfp4* y, int64_t nb, const float* imatrix) {
+  auto nearest = [](float v) {
+    int best = 0;
+    float err = std::fabs(v - (float)kMxfp4Values[0]);
+    for (int i = 1; i < 16; ++i) {
+      const float d = std::fabs(v - (float)kMxfp4Values[i]);
+      if (d < err) err = d, best = i;
+    }
+    return best;
+  };
+  for (int64_t b = 0; b < nb; ++b, x += 32) {
+    float w[32];
+    group_weights(x, imatrix ? imatrix + b * 32 : nullptr, 32, w);
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    uint8_t best_e = 0, L[32] = {};
+    if (amax > 0 && std::isfinite(amax)) {
+      const int e0 = std::clamp((int)std::floor(std::log2(amax)) - 2 + 127, 0, 254);
+      double best_err = INFINITY;
+      for (int e = e0; e <= e0 + 1; ++e) {
+        const float d = mxfp4_scale((uint8_t)e), id = 1.0f / d;
+        uint8_t l[32];
+        double err = 0;
+        for (int i = 0; i < 32; ++i) {
+          l[i] = (uint8_t)nearest(x[i] * id);
+          const double r = x[i] - d * (float)kMxfp4Values[l[i]];
+          err += w[i] * r * r;
+        }
+        if (err < best_err) {
+          best_err = err;
+          best_e = (uint8_t)e;
+          std::memcpy(L, l, 32);
+        }
+      }
+    }
+    y[b].e = best_e;
+    for (int j = 0; j < 16; ++j) y[b].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
   }
 }
 

@@ -26,7 +26,7 @@ bool can_dequantize(DType t) {
     case DType::f32: case DType::f16: case DType::bf16:
     case DType::q4_0: case DType::q4_1: case DType::q5_0: case DType::q5_1: case DType::q8_0:
     case DType::q2_k: case DType::q3_k: case DType::q4_k: case DType::q5_k: case DType::q6_k:
-    case DType::iq4_nl: case DType::iq4_xs:
+    case DType::iq4_nl: case DType::iq4_xs: case DType::mxfp4:
       return true;
     default:
       return false;
@@ -56,6 +56,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::q5_1: dequantize_q5_1(static_cast<const block_q5_1*>(src), dst, nb); return;
     case DType::q8_0: dequantize_q8_0(static_cast<const block_q8_0*>(src), dst, nb); return;
     case DType::iq4_nl: dequantize_iq4_nl(static_cast<const block_iq4_nl*>(src), dst, nb); return;
+    case DType::mxfp4: dequantize_mxfp4(static_cast<const block_mxfp4*>(src), dst, nb); return;
     case DType::q2_k: dequantize_q2_K(static_cast<const block_q2_K*>(src), dst, nb); return;
     case DType::q3_k: dequantize_q3_K(static_cast<const block_q3_K*>(src), dst, nb); return;
     case DType::q4_k: dequantize_q4_K(static_cast<const block_q4_K*>(src), dst, nb); return;
@@ -87,6 +88,7 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* 
     case DType::q5_1: quantize_q5_1(src, static_cast<block_q5_1*>(dst), nb, imatrix); return;
     case DType::q8_0: quantize_q8_0(src, static_cast<block_q8_0*>(dst), nb); return;
     case DType::iq4_nl: quantize_iq4_nl(src, static_cast<block_iq4_nl*>(dst), nb, imatrix); return;
+    case DType::mxfp4: quantize_mxfp4(src, static_cast<block_mxfp4*>(dst), nb, imatrix); return;
     case DType::q2_k: quantize_q2_K(src, static_cast<block_q2_K*>(dst), nb, imatrix); return;
     case DType::q3_k: quantize_q3_K(src, static_cast<block_q3_K*>(dst), nb, imatrix); return;
     case DType::q4_k: quantize_q4_K(src, static_cast<block_q4_K*>(dst), nb, imatrix); return;

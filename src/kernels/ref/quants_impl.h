@@ -16,6 +16,7 @@ void dequantize_q5_0(const block_q5_0* x, float* y, int64_t nb);
 void dequantize_q5_1(const block_q5_1* x, float* y, int64_t nb);
 void dequantize_q8_0(const block_q8_0* x, float* y, int64_t nb);
 void dequantize_iq4_nl(const block_iq4_nl* x, float* y, int64_t nb);
+void dequantize_mxfp4(const block_mxfp4* x, float* y, int64_t nb);
 void dequantize_q2_K(const block_q2_K* x, float* y, int64_t nb);
 void dequantize_q3_K(const block_q3_K* x, float* y, int64_t nb);
 void dequantize_q4_K(const block_q4_K* x, float* y, int64_t nb);
@@ -35,6 +36,7 @@ void quantize_q5_0(const float* x, block_q5_0* y, int64_t nb, const float* imatr
 void quantize_q5_1(const float* x, block_q5_1* y, int64_t nb, const float* imatrix);
 void quantize_q8_0(const float* x, block_q8_0* y, int64_t nb);
 void quantize_iq4_nl(const float* x, block_iq4_nl* y, int64_t nb, const float* imatrix);
+void quantize_mxfp4(const float* x, block_mxfp4* y, int64_t nb, const float* imatrix);
 
 // quantize_k.cpp
 void quantize_q2_K(const float* x, block_q2_K* y, int64_t nb, const float* imatrix);
