@@ -95,6 +95,11 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
   const int64_t n_head_kv = meta_int(src, arch + ".attention.head_count_kv", n_head);
   const int64_t n_gqa = n_head_kv > 0 ? n_head / n_head_kv : 1;
   const bool has_output = src.find_tensor("output.weight") != nullptr;
+  // Mixture of experts (llama.cpp's llama_tensor_get_type): the router stays
+  // as it is; with 8 experts attn_k and attn_v take Q8_0 and attn_output Q5_K
+  // for the K-quant and IQ4 mixes.
+  const int64_t n_expert = meta_int(src, arch + ".expert_count", 0);
+  const bool eight_experts = n_expert == 8;
   int64_t n_attn_v = 0, n_ffn_down = 0;
   for (const auto& t : src.tensors()) {
     n_attn_v += contains(t.name, "attn_v.weight");
@@ -111,7 +116,7 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
     TensorPlan p{t.type, false, false};
     int n_dims = 0;
     for (int64_t d : t.dims) n_dims += d > 1;
-    if (!ends_with(t.name, "weight") || t.dims.size() < 2 || n_dims < 2) {
+    if (!ends_with(t.name, "weight") || t.dims.size() < 2 || n_dims < 2 || contains(t.name, "ffn_gate_inp.weight")) {
       plans.push_back(p);
       continue;
     }
@@ -122,6 +127,8 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
       if (t.name == "output.weight" || (!has_output && t.name == "token_embd.weight")) {
         if (nx % block_of(type) != 0) type = DType::q8_0;
         else if (type != DType::q8_0) type = DType::q6_k;
+      } else if (eight_experts && (contains(t.name, "attn_v.weight") || contains(t.name, "attn_k.weight"))) {
+        type = DType::q8_0;
       } else if (contains(t.name, "attn_v.weight")) {
         if (q2_k) type = n_gqa >= 4 ? DType::q4_k : DType::q3_k;
         else if (iq4_nl && n_gqa >= 4) type = DType::q5_k;
@@ -135,7 +142,8 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
         else if (q4_k_s && first_eighth) type = DType::q5_k;
         else if ((f == 2 || f == 8) && has_imatrix && first_eighth) type = f == 2 ? DType::q4_1 : DType::q5_1;
       } else if (contains(t.name, "attn_output.weight")) {
-        if (q2_k) type = DType::q3_k;
+        if (eight_experts && (q2_k || q4_k_s || q4_k_m || iq4_nl || f == 11 || f == 12 || f == 13)) type = DType::q5_k;
+        else if (q2_k) type = DType::q3_k;
       }
     }
     if (nx % block_of(type) != 0) {

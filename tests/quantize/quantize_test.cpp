@@ -116,6 +116,29 @@ TEST(QuantPolicy, MatchesLlamaCppOnTheMiniModel) {
   }
 }
 
+// Mixture of experts, as llama.cpp's llama_tensor_get_type for 8 experts:
+// the router (ffn_gate_inp) stays F32, attn_k and attn_v take Q8_0,
+// attn_output Q5_K (Q4_K_M), the 3-D expert tensors the mix's type, with the
+// "more bits" layers' ffn_down_exps in Q6_K.
+TEST(QuantPolicy, ExpertTensorsFollowLlamaCpp) {
+  const gguf::GgufFile src = open_or_die(std::string(SERVAL_SHARED_DIR) + "/models/arch/mini-qwen3moe-F16.gguf");
+  const auto plans = plan_tensors(src, *find_file_type("Q4_K_M"), false);
+  std::map<std::string, std::string> got;
+  for (size_t i = 0; i < plans.size(); ++i)
+    got[src.tensors()[i].name] = std::string(dtype_name(plans[i].quantize ? plans[i].type : src.tensors()[i].type));
+  EXPECT_EQ(got["blk.0.ffn_gate_inp.weight"], "f32");
+  EXPECT_EQ(got["blk.1.ffn_gate_inp.weight"], "f32");
+  EXPECT_EQ(got["blk.0.attn_k.weight"], "q8_0");
+  EXPECT_EQ(got["blk.0.attn_v.weight"], "q8_0");
+  EXPECT_EQ(got["blk.0.attn_output.weight"], "q5_K");
+  EXPECT_EQ(got["blk.0.attn_q.weight"], "q4_K");
+  EXPECT_EQ(got["blk.0.ffn_gate_exps.weight"], "q4_K");
+  EXPECT_EQ(got["blk.0.ffn_up_exps.weight"], "q4_K");
+  EXPECT_EQ(got["blk.0.ffn_down_exps.weight"], "q4_K");
+  EXPECT_EQ(got["blk.1.ffn_down_exps.weight"], "q6_K");  // use_more_bits(1, 2)
+  EXPECT_EQ(got["output.weight"], "q6_K");
+}
+
 // stories260K: rows of 64 (no 256-element block fits) and ffn_down rows of 172
 // (no block fits at all; llama.cpp refuses the file there).
 TEST(QuantPolicy, RowLengthFallback) {
