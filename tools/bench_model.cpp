@@ -48,17 +48,25 @@ ModelFigures figures(const Model& m) {
   }
   const ModelWeights& w = m.weights();
   std::vector<std::pair<DType, uint64_t>> by_type;
-  auto add = [&](const Matrix& x) {
+  // frac: the share of the matrix one decode token reads (mixture of
+  // experts: n_expert_used / n_expert of the experts' matrices, on average).
+  auto add = [&](const Matrix& x, double frac = 1.0) {
+    if (!x.data) return;
     const uint64_t bytes = row_size(x.type, x.cols) * (uint64_t)x.rows;
-    f.matrix_bytes += bytes;
-    f.matrix_elems += (uint64_t)(x.rows * x.cols);
+    f.matrix_bytes += (uint64_t)((double)bytes * frac);
+    f.matrix_elems += (uint64_t)((double)(x.rows * x.cols) * frac);
     auto it = std::find_if(by_type.begin(), by_type.end(), [&](auto& p) { return p.first == x.type; });
     if (it == by_type.end()) by_type.emplace_back(x.type, bytes);
     else it->second += bytes;
   };
   add(w.output);
-  for (const LayerWeights& l : w.layers)
-    for (const Matrix* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*x);
+  const ModelConfig& c = m.config();
+  const double active = c.block.moe ? (double)c.n_expert_used / (double)c.n_expert : 1.0;
+  for (const LayerWeights& l : w.layers) {
+    for (const Matrix* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router}) add(*x);
+    for (const auto* experts : {&l.exp_gate, &l.exp_up, &l.exp_down})
+      for (const Matrix& x : *experts) add(x, active);
+  }
   f.embd_row_bytes = row_size(w.token_embd.type, w.token_embd.cols);
   auto top = std::max_element(by_type.begin(), by_type.end(), [](auto& a, auto& b) { return a.second < b.second; });
   f.type_name = top == by_type.end() ? "?" : dtype_name(top->first);

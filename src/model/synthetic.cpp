@@ -17,12 +17,14 @@ const std::vector<SynthShape>& synth_shapes() {
       {"tiny", 256, 2, 4, 2, 512, 512},
       {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 128, 0, "qwen3"},
       {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 256, 512, "gemma3"},
+      {"qwen3moe-30b-a3b", 2048, 48, 32, 4, 6144, 40960, 128, 0, "qwen3moe", 128, 8, 768},
+      {"qwen3moe-tiny", 256, 2, 4, 2, 512, 512, 64, 0, "qwen3moe", 16, 4, 128},
   };
   return shapes;
 }
 
 const std::vector<std::string>& synth_archs() {
-  static const std::vector<std::string> archs = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
+  static const std::vector<std::string> archs = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"};
   return archs;
 }
 
@@ -84,13 +86,16 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
     return invalid_argument("unknown architecture '" + arch + "' (known: " + names + ")");
   }
   const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const bool moe = arch == "qwen3moe";
+  if (moe && (s.n_expert < 1 || s.n_expert_used < 1 || s.expert_ffn_dim < 1))
+    return invalid_argument("shape '" + s.name + "' has no experts: the qwen3moe family needs a MoE shape");
   const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.dim / s.n_heads;
   const int64_t q_dim = s.n_heads * head_dim, kv_dim = s.n_kv_heads * head_dim;
   if (opt.q4_k_m && opt.type != DType::q4_k) return invalid_argument("the Q4_K_M mix needs type q4_k");
   if (!ref::can_quantize(opt.type))
     return unsupported("cannot write weights of type " + std::string(dtype_name(opt.type)));
   auto tr = dtype_traits(opt.type);
-  for (int64_t cols : {s.dim, s.ffn_dim, q_dim})
+  for (int64_t cols : {s.dim, moe ? s.expert_ffn_dim : s.ffn_dim, q_dim})
     if (cols % tr->block_size != 0)
       return invalid_argument("shape '" + s.name + "': row length " + std::to_string(cols) +
                               " is not a multiple of the " + std::string(tr->name) + " block size " +
@@ -117,7 +122,7 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
     w.add(p + "attention.value_length", (uint32_t)head_dim);
   }
   w.add(p + "rope.dimension_count", (uint32_t)head_dim);
-  w.add(p + "attention.layer_norm_rms_epsilon", gemma || arch == "qwen3" ? 1e-6f : 1e-5f);
+  w.add(p + "attention.layer_norm_rms_epsilon", gemma || arch == "qwen3" || moe ? 1e-6f : 1e-5f);
   if (arch == "gemma3") {
     w.add(p + "rope.freq_base", 1000000.0f);
     w.add(p + "rope.freq_base_swa", 10000.0f);
@@ -132,7 +137,12 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
     w.add(p + "attention.sliding_window", (uint32_t)s.sliding_window);  // 0: none (Phi-4)
     w.add(p + "rope.scaling.original_context_length", (uint32_t)s.n_ctx);
   } else {
-    w.add(p + "rope.freq_base", arch == "qwen3" || arch == "qwen2" ? 1000000.0f : 10000.0f);
+    w.add(p + "rope.freq_base", arch == "qwen3" || moe || arch == "qwen2" ? 1000000.0f : 10000.0f);
+  }
+  if (moe) {
+    w.add(p + "expert_count", (uint32_t)s.n_expert);
+    w.add(p + "expert_used_count", (uint32_t)s.n_expert_used);
+    w.add(p + "expert_feed_forward_length", (uint32_t)s.expert_ffn_dim);
   }
   w.add(p + "vocab_size", (uint32_t)n_vocab);
   for (const auto& kv : vocab.metadata())
@@ -141,9 +151,15 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
   uint64_t tensor_id = 0;
   const uint64_t seed = opt.seed;
   // A [rows, cols] matrix of N(0, 0.02) quantized row by row (rows in parallel).
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, DType type) {
+  // n_mat > 0: a 3-D stack of n_mat such matrices (expert tensors).
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, DType type, int64_t n_mat = 0) {
     const uint64_t id = ++tensor_id;
-    w.add_tensor(name, {cols, rows}, type, [=](uint8_t* dst, uint64_t) {
+    std::vector<int64_t> dims = {cols, rows};
+    if (n_mat > 0) {
+      dims.push_back(n_mat);
+      rows *= n_mat;
+    }
+    w.add_tensor(name, dims, type, [=](uint8_t* dst, uint64_t) {
       const size_t rs = row_size(type, cols);
       auto work = [&](int64_t b, int64_t e) {
         std::vector<float> buf((size_t)cols);
@@ -188,20 +204,25 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
       zeros(b + "attn_k.bias", kv_dim);
       zeros(b + "attn_v.bias", kv_dim);
     }
-    if (arch == "qwen3" || arch == "gemma3") {
+    if (arch == "qwen3" || moe || arch == "gemma3") {
       ones(b + "attn_q_norm.weight", head_dim);
       ones(b + "attn_k_norm.weight", head_dim);
     }
     matrix(b + "attn_output.weight", s.dim, q_dim, type);
     if (gemma) ones(b + "post_attention_norm.weight", s.dim);
     ones(b + "ffn_norm.weight", s.dim);
-    if (arch == "phi3") {
+    if (moe) {
+      matrix(b + "ffn_gate_inp.weight", s.n_expert, s.dim, DType::f32);  // the router stays F32
+      matrix(b + "ffn_gate_exps.weight", s.expert_ffn_dim, s.dim, type, s.n_expert);
+      matrix(b + "ffn_up_exps.weight", s.expert_ffn_dim, s.dim, type, s.n_expert);
+      matrix(b + "ffn_down_exps.weight", s.dim, s.expert_ffn_dim, tv, s.n_expert);
+    } else if (arch == "phi3") {
       matrix(b + "ffn_up.weight", 2 * s.ffn_dim, s.dim, type);  // gate rows, then up rows
     } else {
       matrix(b + "ffn_gate.weight", s.ffn_dim, s.dim, type);
       matrix(b + "ffn_up.weight", s.ffn_dim, s.dim, type);
     }
-    matrix(b + "ffn_down.weight", s.dim, s.ffn_dim, tv);
+    if (!moe) matrix(b + "ffn_down.weight", s.dim, s.ffn_dim, tv);
     if (gemma) ones(b + "post_ffw_norm.weight", s.dim);
   }
   return w.write_file(out_path);

@@ -24,10 +24,13 @@ struct SynthShape {
   int64_t head_dim = 0;        // 0: dim / n_heads
   int64_t sliding_window = 0;  // for families with sliding-window layers; 0: the family's default
   std::string arch = "llama";  // the family the shape is of (the default of --arch)
+  int64_t n_expert = 0, n_expert_used = 0, expert_ffn_dim = 0;  // mixture of experts (qwen3moe, gpt-oss)
 };
 
 // Known shapes: "tinyllama-1.1b", "llama-160m", "llama-7b", "tiny" (a test-size
-// model), "qwen3-0.6b", "gemma3-1b" (26 layers, 5 local : 1 global, window 512).
+// model), "qwen3-0.6b", "gemma3-1b" (26 layers, 5 local : 1 global, window 512),
+// "qwen3moe-30b-a3b" (48 layers, 128 experts of 768, 8 used) and
+// "qwen3moe-tiny" (16 experts, 4 used: a test-size MoE).
 const std::vector<SynthShape>& synth_shapes();
 Expected<SynthShape> find_synth_shape(const std::string& name);
 

@@ -159,6 +159,17 @@ TEST(Cli, GgufSynthEveryFamily) {
     EXPECT_EQ(gen.status, 0) << arch << ": " << gen.err;
     EXPECT_NE(gen.err.find("generation: 8 tokens"), std::string::npos) << arch << ": " << gen.err;
   }
+  // A mixture-of-experts shape (16 experts, 4 used): expert tensors are 3-D, the router F32.
+  Result s = run("gguf synth --shape qwen3moe-tiny --type q4_0 --vocab " + kStories + " -o " + path);
+  ASSERT_EQ(s.status, 0) << s.err;
+  auto f = serval::gguf::GgufFile::open(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(*f->get_uint("qwen3moe.expert_count"), 16u);
+  EXPECT_EQ(f->find_tensor("blk.0.ffn_down_exps.weight")->dims, (std::vector<int64_t>{128, 256, 16}));
+  EXPECT_EQ(f->find_tensor("blk.0.ffn_gate_inp.weight")->type, serval::DType::f32);
+  Result gen = run("run -m " + path + " -p 'Once upon a time' -n 8 --temp 0");
+  EXPECT_EQ(gen.status, 0) << gen.err;
+  expect_usage_error("gguf synth --shape tiny --arch qwen3moe --vocab " + kStories + " -o " + path, "has no experts");
   std::remove(path.c_str());
 }
 
