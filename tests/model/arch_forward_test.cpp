@@ -37,46 +37,11 @@ nlohmann::json golden() {
   return nlohmann::json::parse(in);
 }
 
-struct Score {
-  double mean = 0, max = 0;
-  int gap_steps = 0, gap_agree = 0;  // steps with a top-2 gap > 0.01, and those where our argmax agrees
-};
+using Score = test::TeacherForced;
 
-// logits_of(tokens) -> [tokens.size(), n_vocab] logits of every position.
 Score score(const nlohmann::json& cases, int64_t n_vocab,
             const std::function<std::vector<float>(const std::vector<TokenId>&)>& logits_of) {
-  Score r;
-  double sum = 0;
-  int64_t n = 0;
-  for (const auto& c : cases) {
-    auto tokens = c["prompt_tokens"].get<std::vector<TokenId>>();
-    const auto forced = c["greedy_tokens"].get<std::vector<TokenId>>();
-    const size_t n_prompt = tokens.size();
-    tokens.insert(tokens.end(), forced.begin(), forced.end() - 1);
-    const std::vector<float> logits = logits_of(tokens);
-    EXPECT_EQ(logits.size(), tokens.size() * (size_t)n_vocab);
-    if (logits.size() != tokens.size() * (size_t)n_vocab) return {INFINITY, INFINITY, 1, 0};
-    for (size_t step = 0; step < forced.size(); ++step) {
-      const float* l = logits.data() + (n_prompt - 1 + step) * (size_t)n_vocab;
-      double lmax = -INFINITY, z = 0;
-      for (int64_t i = 0; i < n_vocab; ++i) lmax = std::max(lmax, (double)l[i]);
-      for (int64_t i = 0; i < n_vocab; ++i) z += std::exp((double)l[i] - lmax);
-      const auto& top = c["top5_logprobs"][step];
-      for (const auto& e : top) {
-        const double lp = (double)l[e["id"].get<size_t>()] - lmax - std::log(z);
-        const double d = std::fabs(lp - e["logprob"].get<double>());
-        sum += d;
-        r.max = std::max(r.max, d);
-        ++n;
-      }
-      if (top[0]["logprob"].get<double>() - top[1]["logprob"].get<double>() > 0.01) {
-        ++r.gap_steps;
-        r.gap_agree += std::max_element(l, l + n_vocab) - l == forced[step];
-      }
-    }
-  }
-  r.mean = n ? sum / (double)n : INFINITY;
-  return r;
+  return test::teacher_forced_by(cases, n_vocab, logits_of);
 }
 
 void expect_close(const Score& r, const std::string& what) {

@@ -9,9 +9,8 @@
 #include <functional>
 #include <numeric>
 
-#include "gguf/gguf_reader.h"
-#include "gguf/gguf_writer.h"
 #include "model/batch_forward.h"
+#include "model/edited_gguf.h"
 #include "model/model.h"
 #include "model/teacher_forcing.h"
 
@@ -21,45 +20,16 @@ namespace {
 
 const std::string kArch = std::string(SERVAL_SHARED_DIR) + "/models/arch/";
 
-using KvEdit = std::function<bool(const std::string& key, gguf::Value* v)>;        // false = drop
-using TensorEdit = std::function<bool(const std::string& name, std::vector<int64_t>* dims)>;  // false = drop
+using test::KvEdit;
+using test::TensorEdit;
 
 // A copy of an arch file with keys and tensors edited, extra keys and extra
 // F32 tensors (zeros) added, loaded from memory.
 Expected<std::unique_ptr<Model>> load_edited(const std::string& file, KvEdit kv_edit, TensorEdit t_edit = nullptr,
                                              std::vector<gguf::KeyValue> extra = {},
                                              std::vector<std::pair<std::string, std::vector<int64_t>>> extra_tensors = {}) {
-  auto src = gguf::GgufFile::open(kArch + file);
-  EXPECT_TRUE(src.ok());
-  gguf::GgufWriter w;
-  for (const auto& kv : src->metadata()) {
-    gguf::Value v = kv.value;
-    if (!kv_edit || kv_edit(kv.key, &v)) w.add(kv.key, v);
-  }
-  for (auto& kv : extra) w.add(kv.key, kv.value);
-  for (const auto& t : src->tensors()) {
-    auto dims = t.dims;
-    if (t_edit && !t_edit(t.name, &dims)) continue;
-    auto data = src->tensor_data(t);
-    std::vector<uint8_t> bytes(data.begin(), data.end());
-    if (dims != t.dims) {
-      EXPECT_EQ(t.type, DType::f32) << "only F32 tensors change shape here";
-      uint64_t n = 1;
-      for (auto d : dims) n *= (uint64_t)d;
-      bytes.resize(n * 4);
-    }
-    w.add_tensor(t.name, dims, t.type, std::move(bytes));
-  }
-  for (const auto& [name, dims] : extra_tensors) {
-    uint64_t n = 1;
-    for (auto d : dims) n *= (uint64_t)d;
-    w.add_tensor(name, dims, DType::f32, std::vector<uint8_t>(n * 4, 0));
-  }
-  auto img = w.serialize();
-  EXPECT_TRUE(img.ok());
-  auto f = gguf::GgufFile::parse(*img);
-  if (!f.ok()) return f.status();
-  return Model::from_file(std::move(f.value()));
+  return test::load_edited_model(kArch + file, std::move(kv_edit), std::move(t_edit), std::move(extra),
+                                 std::move(extra_tensors));
 }
 
 void expect_error(const Expected<std::unique_ptr<Model>>& m, const std::string& needle) {

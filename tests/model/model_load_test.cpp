@@ -6,6 +6,7 @@
 
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
+#include "model/edited_gguf.h"
 #include "model/synthetic.h"
 
 using namespace serval;
@@ -15,34 +16,13 @@ namespace {
 const std::string kShared = SERVAL_SHARED_DIR;
 
 // Copies stories260K through the writer, letting the test change keys and tensors.
-using KvEdit = std::function<bool(const std::string& key, gguf::Value* v)>;  // false = drop
-using TensorEdit = std::function<bool(const std::string& name, std::vector<int64_t>* dims)>;
+using test::KvEdit;
+using test::TensorEdit;
 
 Status load_edited(KvEdit kv_edit, TensorEdit t_edit = nullptr, std::vector<gguf::KeyValue> extra = {}) {
-  auto src = gguf::GgufFile::open(kShared + "/models/stories260K.gguf");
-  EXPECT_TRUE(src.ok());
-  gguf::GgufWriter w;
-  for (const auto& kv : src->metadata()) {
-    gguf::Value v = kv.value;
-    if (!kv_edit || kv_edit(kv.key, &v)) w.add(kv.key, v);
-  }
-  for (auto& kv : extra) w.add(kv.key, kv.value);
-  for (const auto& t : src->tensors()) {
-    auto dims = t.dims;
-    if (t_edit && !t_edit(t.name, &dims)) continue;
-    auto data = src->tensor_data(t);
-    std::vector<uint8_t> bytes(data.begin(), data.end());
-    uint64_t n = 1;
-    for (auto d : dims) n *= (uint64_t)d;
-    bytes.resize(n * 4);  // F32 model
-    w.add_tensor(t.name, dims, t.type, std::move(bytes));
-  }
-  auto img = w.serialize();
-  EXPECT_TRUE(img.ok());
-  auto f = gguf::GgufFile::parse(*img);
-  if (!f.ok()) return f.status();
-  auto m = Model::from_file(std::move(f.value()));
-  return m.status();
+  return test::load_edited_model(kShared + "/models/stories260K.gguf", std::move(kv_edit), std::move(t_edit),
+                                 std::move(extra))
+      .status();
 }
 
 void expect_error(const Status& st, const std::string& needle) {
