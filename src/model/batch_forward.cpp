@@ -219,11 +219,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   }
   // RoPE angles of every token: one table for the full-attention layers and,
   // where the family rotates its sliding-window layers differently, one for those.
-  auto with_factors = [&](ref::RopeSpec r) {
-    r.freq_factors = w.rope_factors.empty() ? nullptr : w.rope_factors.data();
-    return r;
-  };
-  const ref::RopeSpec rope_full = with_factors(c.rope), rope_local = with_factors(c.rope_swa);
+  const ref::RopeSpec rope_full = blocks::rope_of(c, w, false), rope_local = blocks::rope_of(c, w, true);
   const bool two_ropes = c.has_swa() && blocks::rope_differs(c.rope, c.rope_swa);
   const int64_t rd = c.rope_dim;
   cs_full_.resize((size_t)(n * rd));

@@ -68,12 +68,15 @@ inline void route(const ModelConfig& c, const float* logits, int32_t* ids, float
     for (int64_t k = 0; k < k_used; ++k) weights[k] = (float)(weights[k] / sel);
 }
 
-// The RoPE of layer il: the sliding-window variant for local layers, with the
-// model's frequency factors (if any) attached.
-inline ref::RopeSpec layer_rope(const ModelConfig& c, const ModelWeights& w, int64_t il) {
-  ref::RopeSpec r = c.is_swa(il) ? c.rope_swa : c.rope;
+// The RoPE of full-attention layers (swa false) or of sliding-window layers,
+// with the model's frequency factors (if any) attached.
+inline ref::RopeSpec rope_of(const ModelConfig& c, const ModelWeights& w, bool swa) {
+  ref::RopeSpec r = swa ? c.rope_swa : c.rope;
   r.freq_factors = w.rope_factors.empty() ? nullptr : w.rope_factors.data();
   return r;
+}
+inline ref::RopeSpec layer_rope(const ModelConfig& c, const ModelWeights& w, int64_t il) {
+  return rope_of(c, w, c.is_swa(il));
 }
 
 // Does any layer use the sliding-window RoPE variant with a different table

@@ -29,8 +29,9 @@ struct Family {
   // Reads the family's own keys into c (read_common_hparams has run) and sets
   // c.block, the sliding-window pattern and the RoPE layout.
   Status (*read_config)(const HparamReader& r, ModelConfig& c);
-  // Loads every tensor of the family into w through ld (shapes checked).
-  Status (*load_tensors)(TensorLoader& ld, const ModelConfig& c, ModelWeights& w);
+  // Loads every tensor of the family into w through ld (shapes checked);
+  // null: load_standard (the llama tensor set plus what the recipe asks for).
+  Status (*load_tensors)(TensorLoader& ld, const ModelConfig& c, ModelWeights& w) = nullptr;
 };
 
 // The family of `arch`, or null.

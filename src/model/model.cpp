@@ -44,7 +44,8 @@ void Model::pack_weights() {
 Status Model::load_weights() {
   TensorLoader ld(file_);
   ModelConfig& c = config_;
-  SERVAL_RETURN_IF_ERROR(c.family->load_tensors(ld, c, weights_));
+  SERVAL_RETURN_IF_ERROR(c.family->load_tensors ? c.family->load_tensors(ld, c, weights_)
+                                                 : load_standard(ld, c, weights_));
   c.n_vocab = weights_.token_embd.rows;
   // The tokenizer, when present, must agree with the embedding.
   if (auto toks = file_.get_array("tokenizer.ggml.tokens", gguf::ValueType::string); toks.ok()) {

@@ -98,7 +98,6 @@ Status read_common_hparams(const HparamReader& r, ModelConfig& c) {
   float attn_factor = 1.0f;
   SERVAL_RETURN_IF_ERROR(r.get_float("rope.scaling.attn_factor", 0.0, 1e3, &attn_factor));
   rs.attn_factor *= attn_factor;
-  c.rope_freq_base = rs.freq_base;
   c.rope_swa = rs;  // sliding-window layers use the same RoPE unless the family says otherwise
 
   // Sliding window: a family that has one sets layer_swa from its pattern.

@@ -84,7 +84,6 @@ struct ModelConfig {
   // ModelWeights::rope_factors, and the forward passes point at them).
   ref::RopeSpec rope;
   ref::RopeSpec rope_swa;
-  float rope_freq_base = 10000.0f;  // rope.spec's base (kept for tools that print it)
 
   float embd_scale = 1.0f;     // gemma: sqrt(dim)
   float attn_scale = 0.0f;     // query scale; 0 = 1 / sqrt(head_dim)

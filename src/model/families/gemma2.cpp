@@ -32,10 +32,8 @@ Status read_config(const HparamReader& r, ModelConfig& c) {
   return {};
 }
 
-Status load_tensors(TensorLoader& ld, const ModelConfig& c, ModelWeights& w) { return load_standard(ld, c, w); }
-
 }  // namespace
 
-extern const Family kGemma2Family{"gemma2", read_config, load_tensors};
+extern const Family kGemma2Family{"gemma2", read_config};
 
 }  // namespace serval

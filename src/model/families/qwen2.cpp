@@ -13,10 +13,8 @@ Status read_config(const HparamReader&, ModelConfig& c) {
   return {};
 }
 
-Status load_tensors(TensorLoader& ld, const ModelConfig& c, ModelWeights& w) { return load_standard(ld, c, w); }
-
 }  // namespace
 
-extern const Family kQwen2Family{"qwen2", read_config, load_tensors};
+extern const Family kQwen2Family{"qwen2", read_config};
 
 }  // namespace serval

@@ -15,10 +15,8 @@ Status read_config(const HparamReader&, ModelConfig& c) {
   return {};
 }
 
-Status load_tensors(TensorLoader& ld, const ModelConfig& c, ModelWeights& w) { return load_standard(ld, c, w); }
-
 }  // namespace
 
-extern const Family kQwen3Family{"qwen3", read_config, load_tensors};
+extern const Family kQwen3Family{"qwen3", read_config};
 
 }  // namespace serval

@@ -20,10 +20,8 @@ Status read_config(const HparamReader& r, ModelConfig& c) {
   return {};
 }
 
-Status load_tensors(TensorLoader& ld, const ModelConfig& c, ModelWeights& w) { return load_standard(ld, c, w); }
-
 }  // namespace
 
-extern const Family kQwen3MoeFamily{"qwen3moe", read_config, load_tensors};
+extern const Family kQwen3MoeFamily{"qwen3moe", read_config};
 
 }  // namespace serval
