@@ -204,6 +204,18 @@ class Engine {
   // Cancels a request in any state; its KV blocks are freed within one step.
   void cancel(uint64_t request_id);
 
+  // Stepping control (vLLM's pause_generation), for tests that need a given
+  // interleaving and for operators draining a replica. After pause() returns
+  // the loop is parked between steps: no step runs until resume() or step(),
+  // requests submitted meanwhile wait in the inbox (admitted together by the
+  // next step), and stats() is current. step(n) runs n loop iterations while
+  // paused and returns parked again; an iteration with nothing to do ends the
+  // call early. Either may be called from any thread but the loop's.
+  void pause();
+  void resume();
+  void step(int n = 1);
+  bool paused() const;
+
   EngineStats stats() const;
   EngineInfo info() const;
   const Tokenizer& tokenizer() const;

@@ -193,6 +193,12 @@ struct Engine::Impl {
   std::vector<uint64_t> cancels;
   bool stopping = false;
   std::atomic<uint64_t> next_request_id{1};
+  // Stepping control (Engine::pause), under inbox_mu: a pause is requested,
+  // the loop may still run steps_allowed iterations, the loop is parked.
+  bool pause_requested = false;
+  int steps_allowed = 0;
+  bool parked = false;
+  std::condition_variable parked_cv;
 
   // Loop-owned.
   std::map<uint64_t, std::unique_ptr<RequestState>> requests;
@@ -210,6 +216,7 @@ struct Engine::Impl {
   Impl(std::shared_ptr<const Model> m, Tokenizer t, EngineConfig c) : model(std::move(m)), tok(std::move(t)), cfg(c) {}
 
   void loop();
+  bool wait_for_work();
   void drain_inbox();
   void admit(std::unique_ptr<RequestState> rs);
   void fail_request(RequestState& rs, const Status& st);
@@ -845,15 +852,43 @@ void Engine::Impl::publish_stats() {
   stats.waiting = sched->n_waiting();
 }
 
+// Blocks until there is something to do (a request, a cancel, unfinished
+// work) and stepping is allowed; parks while paused (stats published first,
+// so that a paused engine's stats are current). False: the engine stops.
+bool Engine::Impl::wait_for_work() {
+  std::unique_lock<std::mutex> lk(inbox_mu);
+  for (;;) {
+    if (stopping) return false;
+    if (pause_requested && steps_allowed == 0) {
+      if (!parked) {
+        lk.unlock();
+        publish_stats();
+        lk.lock();
+        if (stopping || !pause_requested || steps_allowed > 0) continue;
+        parked = true;
+        parked_cv.notify_all();
+      }
+      inbox_cv.wait(lk);
+      continue;
+    }
+    parked = false;
+    if (!inbox.empty() || !cancels.empty() || sched->has_unfinished()) {
+      if (pause_requested) --steps_allowed;
+      return true;
+    }
+    if (pause_requested) {
+      steps_allowed = 0;  // nothing to step: Engine::step returns early
+      continue;
+    }
+    inbox_cv.wait(lk);
+  }
+}
+
 void Engine::Impl::loop() {
   std::vector<float> logits, hidden;
   std::vector<std::vector<TokenId>> drafts;
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(inbox_mu);
-      inbox_cv.wait(lk, [&] { return stopping || !inbox.empty() || !cancels.empty() || sched->has_unfinished(); });
-      if (stopping) break;
-    }
+    if (!wait_for_work()) break;
     drain_inbox();
     if (!sched->has_unfinished()) {
       publish_stats();
@@ -918,7 +953,39 @@ Engine::~Engine() {
     impl_->stopping = true;
   }
   impl_->inbox_cv.notify_all();
+  impl_->parked_cv.notify_all();
   if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+}
+
+void Engine::pause() {
+  std::unique_lock<std::mutex> lk(impl_->inbox_mu);
+  impl_->pause_requested = true;
+  impl_->inbox_cv.notify_all();  // an idle loop wakes to park
+  impl_->parked_cv.wait(lk, [&] { return impl_->parked || impl_->stopping; });
+}
+
+void Engine::resume() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox_mu);
+    impl_->pause_requested = false;
+    impl_->steps_allowed = 0;
+    impl_->parked = false;
+  }
+  impl_->inbox_cv.notify_all();
+}
+
+void Engine::step(int n) {
+  std::unique_lock<std::mutex> lk(impl_->inbox_mu);
+  if (!impl_->pause_requested || n <= 0) return;
+  impl_->steps_allowed = n;
+  impl_->parked = false;
+  impl_->inbox_cv.notify_all();
+  impl_->parked_cv.wait(lk, [&] { return impl_->parked || impl_->stopping; });
+}
+
+bool Engine::paused() const {
+  std::lock_guard<std::mutex> lk(impl_->inbox_mu);
+  return impl_->pause_requested;
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <thread>
 
 #include "kv_cache/kv_storage.h"
@@ -64,11 +65,13 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   cfg.kv_memory_bytes = 60 * block_bytes;
   auto e = make_engine(cfg);
   std::vector<std::shared_ptr<RequestStream>> streams;
+  e->pause();  // all 32 are admitted together: they must crowd the pool
   for (const auto& p : prompts) {
     auto s = e->submit(greedy_request(p, gen));
     ASSERT_TRUE(s.ok()) << s.status().message();
     streams.push_back(*s);
   }
+  e->resume();
   for (size_t i = 0; i < prompts.size(); ++i) {
     Sample got = collect(*streams[i], 1)[0];
     EXPECT_EQ(got.tokens, alone[i].tokens) << "request " << i;
@@ -81,13 +84,64 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
     EXPECT_EQ(got.text, alone[i].text);
     EXPECT_EQ(got.finish, FinishReason::length);
   }
-  const EngineStats st = e->stats();
+  const EngineStats st = settled_stats(*e);
   EXPECT_GT(st.preemptions, 0) << "the pool was meant to force preemptions";
   EXPECT_GT(st.prefix_hit_tokens, 0) << "the shared prefix was meant to hit the cache";
   EXPECT_EQ(st.requests_finished, 32);
   std::printf("together: %lld steps, %lld preemptions, prefix hits %lld/%lld tokens, peak blocks %d/%d\n",
               (long long)st.steps, (long long)st.preemptions, (long long)st.prefix_hit_tokens,
               (long long)st.prefix_query_tokens, st.kv_blocks_peak, st.kv_blocks_total);
+}
+
+// Tokens already in a stream's queue (no waiting).
+int queued_tokens(RequestStream& s) {
+  int n = 0;
+  OutputEvent ev;
+  while (s.next_for(&ev, 0)) n += (int)ev.tokens.size();
+  return n;
+}
+
+// pause() parks the loop: submissions wait; step(n) runs exactly n steps (both
+// requests admitted in the first); a paused engine with nothing to do returns
+// from step at once; after resume the requests finish as if run alone.
+TEST(Engine, PauseParksTheLoopAndStepRunsExactlyN) {
+  EngineConfig cfg;
+  cfg.n_threads = 1;
+  auto e = make_engine(cfg);
+  const std::vector<TokenId> pa = {1, 403, 407}, pb = {1, 403, 408, 410};
+  std::vector<std::vector<TokenId>> alone;
+  for (const auto& p : {pa, pb}) alone.push_back(collect(**e->submit(greedy_request(p, 20, 0)), 1)[0].tokens);
+  e->pause();
+  EXPECT_TRUE(e->paused());
+  const int64_t s0 = e->stats().steps;
+  auto a = e->submit(greedy_request(pa, 20, 0));
+  auto b = e->submit(greedy_request(pb, 20, 0));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(e->stats().steps, s0);
+  EXPECT_EQ(queued_tokens(**a), 0);
+  e->step(1);
+  EngineStats st = e->stats();
+  EXPECT_EQ(st.steps, s0 + 1);
+  EXPECT_EQ(st.running, 2u);
+  EXPECT_EQ(queued_tokens(**a), 1);
+  EXPECT_EQ(queued_tokens(**b), 1);
+  e->step(3);
+  EXPECT_EQ(e->stats().steps, s0 + 4);
+  EXPECT_EQ(queued_tokens(**a), 3);
+  EXPECT_EQ(queued_tokens(**b), 3);
+  e->resume();
+  EXPECT_FALSE(e->paused());
+  const auto ra = collect(**a, 1)[0].tokens, rb = collect(**b, 1)[0].tokens;
+  EXPECT_EQ(ra.size(), 16u);  // the 4 taken above, then the rest
+  EXPECT_EQ(rb.size(), 16u);
+  EXPECT_TRUE(std::equal(ra.begin(), ra.end(), alone[0].begin() + 4));
+  EXPECT_TRUE(std::equal(rb.begin(), rb.end(), alone[1].begin() + 4));
+  e->pause();
+  const int64_t s1 = e->stats().steps;
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  e->step(5);  // nothing to do: returns without a step
+  EXPECT_EQ(e->stats().steps, s1);
+  e->resume();
 }
 
 // Greedy through the engine reproduces llama.cpp's golden continuation, with
@@ -175,8 +229,7 @@ TEST(Engine, BadRequestsFailAloneAndCancelFreesBlocks) {
   e->cancel((*s)->id());
   while ((*s)->next(&ev)) {
   }
-  for (int i = 0; i < 200 && e->stats().kv_blocks_used > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  EXPECT_EQ(settled_stats(*e).kv_blocks_used, 0);
   // The context limit ends generation with "length".
   auto l = e->submit(greedy_request({1, 403, 407}, 1000, 0));
   ASSERT_TRUE(l.ok());
@@ -262,7 +315,7 @@ TEST(Engine, RequestTimingOfChunkedPrefillAndDecode) {
     EXPECT_EQ(t.prefill_chunks.back().end_ns, t.first_token_ns);
     compute += t.compute_s;
   }
-  const EngineStats st = e->stats();
+  const EngineStats st = settled_stats(*e);
   EXPECT_GT(st.step_seconds, 0);
   EXPECT_NEAR(compute, st.step_seconds, 1e-9 + st.step_seconds * 1e-9);
   EXPECT_EQ(st.spec_drafts, 0);

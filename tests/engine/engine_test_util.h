@@ -46,6 +46,16 @@ std::unique_ptr<Engine> make_engine(EngineConfig cfg) {
   return std::move(e.value());
 }
 
+// The engine's stats once it is parked between steps (everything the last
+// step did, e.g. freeing a finished request's blocks, is in them); the engine
+// steps on afterwards.
+EngineStats settled_stats(Engine& e) {
+  e.pause();
+  EngineStats st = e.stats();
+  e.resume();
+  return st;
+}
+
 struct Sample {
   std::vector<TokenId> tokens;
   std::vector<float> chosen_logprobs;

@@ -81,7 +81,7 @@ TEST(SlidingWindowKv, LongGenerationHoldsOnlyTheWindowAndMatchesFullKv) {
   const Sample got = collect(**e->submit(long_request(prompt, gen)), 1)[0];
   ASSERT_EQ((int)got.tokens.size(), gen);
   expect_same(got, want, "bounded vs full sliding-window KV");
-  const EngineStats st = e->stats();
+  const EngineStats st = settled_stats(*e);
   const int64_t bs = bounded.block_size, n_pos = (int64_t)prompt.size() + gen;
   // The window (31 earlier positions) spans at most 3 blocks, plus the one
   // being filled: 4, while the global layer's pool holds the whole sequence.
@@ -128,18 +128,20 @@ TEST(SlidingWindowKv, PrefixHitsPreemptionForksAndSpeculationMatchFullKv) {
     auto e = gemma3_engine(cfg);
     ASSERT_TRUE(e);
     std::vector<std::shared_ptr<RequestStream>> streams;
+    e->pause();  // admitted together: they must crowd the pool
     for (const auto& p : ps) {
       auto s = e->submit(long_request(p, gen, 2));
       ASSERT_TRUE(s.ok()) << s.status().message();
       streams.push_back(*s);
     }
+    e->resume();
     for (size_t i = 0; i < ps.size(); ++i) {
       const auto got = collect(*streams[i], 2);
       for (int k = 0; k < 2; ++k)
         expect_same(got[(size_t)k], want[i][(size_t)k],
                     "request " + std::to_string(i) + " sample " + std::to_string(k) + (spec ? " (speculative)" : ""));
     }
-    const EngineStats st = e->stats();
+    const EngineStats st = settled_stats(*e);
     std::printf("%s: preemptions %lld, prefix hit tokens %lld, sliding-window blocks %d (peak %d), released %lld\n",
                 spec ? "speculative" : "plain", (long long)st.preemptions, (long long)st.prefix_hit_tokens,
                 st.kv_swa_blocks_total, st.kv_swa_blocks_peak, (long long)st.kv_swa_blocks_released);

@@ -108,7 +108,7 @@ EngineStats expect_greedy_identity(const Loaded& target, const SpecConfig& spec,
     const Sample got = run_one(*specd, greedy_request(prompts[i], gen));
     expect_same(got, want, name + " prompt " + std::to_string(i));
   }
-  const EngineStats st = specd->stats();
+  const EngineStats st = settled_stats(*specd);
   EXPECT_GT(st.spec_drafts, 0) << name;
   EXPECT_GT(st.spec_draft_tokens, 0) << name;
   EXPECT_EQ(st.generated_tokens, (int64_t)prompts.size() * gen) << name;
@@ -220,6 +220,7 @@ TEST(SpecEngine, MixedBatchWithPreemptionMatchesAlone) {
       auto e = engine_for(stories(), cfg);
       ASSERT_TRUE(e);
       std::vector<std::shared_ptr<RequestStream>> streams;
+      e->pause();  // admitted together: they must crowd the pool
       for (size_t i = 0; i < prompts.size(); ++i) {
         Request r = greedy_request(prompts[i], gen);
         r.speculate = i % 2 == 0;
@@ -227,9 +228,10 @@ TEST(SpecEngine, MixedBatchWithPreemptionMatchesAlone) {
         ASSERT_TRUE(s.ok());
         streams.push_back(*s);
       }
+      e->resume();
       for (size_t i = 0; i < prompts.size(); ++i)
         expect_same(collect(*streams[i], 1)[0], alone[i], name + (swap ? " swap" : "") + " request " + std::to_string(i));
-      const EngineStats st = e->stats();
+      const EngineStats st = settled_stats(*e);
       EXPECT_GT(st.preemptions, 0) << name << ": the pool was meant to force preemptions";
       EXPECT_GT(st.spec_drafts, 0) << name;
       EXPECT_EQ(st.kv_blocks_used, 0) << name;
@@ -253,7 +255,7 @@ TEST(SpecEngine, PrefixCacheConsistentAfterRollback) {
     auto plain = make_engine(plain_cfg);
     const std::vector<TokenId> p = golden_prompts("stories260K-greedy.json")[1];
     const Sample a = run_one(*e, greedy_request(p, 48));
-    const EngineStats after_a = e->stats();
+    const EngineStats after_a = settled_stats(*e);
     EXPECT_GT(after_a.spec_draft_tokens, after_a.spec_accepted_tokens) << "the test wants some rejected drafts";
     EXPECT_EQ(after_a.kv_blocks_used, 0);
     std::vector<TokenId> p2 = p;
@@ -270,7 +272,7 @@ TEST(SpecEngine, PrefixCacheConsistentAfterRollback) {
     }
     EXPECT_GE(cached, 36) << "prompt + output blocks of the first request should be cached";
     EXPECT_EQ(got.tokens, run_one(*plain, greedy_request(p2, 24, 0)).tokens);
-    EXPECT_EQ(e->stats().kv_blocks_used, 0);
+    EXPECT_EQ(settled_stats(*e).kv_blocks_used, 0);
   }
 }
 
@@ -350,7 +352,7 @@ TEST(SpecEngine, SampledDistributionMatchesTarget) {
         streams.clear();
       }
     }
-    const EngineStats st = e->stats();
+    const EngineStats st = settled_stats(*e);
     const bool speculating = spec.mode != SpecConfig::Mode::none;  // none: the control
     if (speculating) {
       EXPECT_GT(st.spec_drafts, n / 20);
