@@ -11,6 +11,7 @@ PKGS=(
   libpcre2-dev
   libboost-dev curl nodejs
   prometheus
+  qemu-user                                      # tests/dispatch: the binary on CPUs without AVX-512 / AVX2
   clang-14 libclang-rt-14-dev libfuzzer-14-dev   # scripts/fuzz.sh (libFuzzer + ASan/UBSan runtimes)
 )
 

@@ -10,10 +10,10 @@
 
 #include "common/fp16.h"
 #include "kernels/attention_isa.h"
+#include "kernels/x86/target.h"
 #include "tensor/quant_blocks.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+SERVAL_TARGET_BEGIN("avx2,fma,f16c")
 
 namespace serval::kernels::detail {
 namespace {
@@ -26,7 +26,7 @@ using B = Avx2<false>;
 }  // namespace
 }  // namespace serval::kernels::detail
 
-#pragma GCC pop_options
+SERVAL_TARGET_END
 
 namespace serval::kernels::detail {
 AttentionTileFn attention_tile_avx2() { return attention_tile_tmpl<B>; }

@@ -10,15 +10,11 @@
 
 #include "common/fp16.h"
 #include "kernels/attention_isa.h"
+#include "kernels/x86/target.h"
 #include "tensor/quant_blocks.h"
 
-#pragma GCC push_options
-// GCC 12's AVX-512 headers build _mm512_undefined_*() from self-initialized
-// locals, which -Wuninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+SERVAL_AVX512_DIAGNOSTICS_BEGIN
+SERVAL_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
 
 namespace serval::kernels::detail {
 namespace {
@@ -31,8 +27,8 @@ using B = Avx512<false>;
 }  // namespace
 }  // namespace serval::kernels::detail
 
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
+SERVAL_TARGET_END
+SERVAL_AVX512_DIAGNOSTICS_END
 
 namespace serval::kernels::detail {
 AttentionTileFn attention_tile_avx512() { return attention_tile_tmpl<B>; }

@@ -2,7 +2,7 @@
 // value a pair of ymm (lo = lanes 0..7 / bytes 0..31, hi = lanes 8..15 / bytes
 // 32..63). Same interface and the same lane-for-lane results as simd_avx512.h,
 // so the kernels of matmul_tmpl.inc give bit-identical output on both. Include
-// only inside a `#pragma GCC target("avx2,fma,f16c")` region, after all other
+// only inside a SERVAL_TARGET_BEGIN("avx2,fma,f16c") region (target.h), after all other
 // headers, inside an anonymous namespace.
 
 #define SERVAL_SIMD_INLINE inline __attribute__((always_inline))

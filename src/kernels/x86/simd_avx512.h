@@ -1,5 +1,5 @@
 // Internal to kernels/x86: the 16-lane vector backend on AVX-512 (one zmm per
-// value). Include only inside a `#pragma GCC target` region that enables
+// value). Include only inside a SERVAL_TARGET_BEGIN region (target.h) that enables
 // avx512f,avx512bw,avx512vl,avx2,fma,f16c (+ avx512vnni when kVnni), after all
 // other headers, and inside an anonymous namespace (so nothing here is shared
 // with code compiled for another ISA).
