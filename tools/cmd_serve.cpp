@@ -1,7 +1,9 @@
 // serval serve -m MODEL [--host H] [--port P] ...: the OpenAI-compatible server.
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <pthread.h>
 #include <sstream>
@@ -36,6 +38,7 @@ bool read_file(const std::string& path, std::string* out, size_t max_bytes) {
 int cmd_serve(int argc, char** argv) {
   const std::string cmd = "serval serve";
   CLI::App app("Serve a model behind an OpenAI-compatible HTTP API", cmd);
+  std::vector<std::string> aliases;
   std::string model_path, host = "127.0.0.1", api_key_file, chat_template_file, served_name, kv_memory = "1G",
               swap_memory = "0";
   std::vector<std::string> api_keys;
@@ -55,6 +58,9 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--api-key-file", api_key_file, "file with one API key per line");
   app.add_option("--chat-template", chat_template_file, "Jinja chat template file (overrides the model's)");
   app.add_option("--served-model-name", served_name, "model id in the API (default: general.name)");
+  app.add_option("-a,--alias", aliases,
+                 "another model id the API accepts and lists (repeatable); the file's name, with or without .gguf, "
+                 "is accepted too");
   app.add_option("-t,--threads", threads, "compute threads (default: physical cores)")->check(CLI::Range(0, 1024));
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   app.add_option("--kv-memory", kv_memory, "KV cache pool: bytes (512M, 2G) or a fraction of free RAM");
@@ -115,6 +121,16 @@ int cmd_serve(int argc, char** argv) {
   scfg.api_keys = api_keys;
   scfg.shared_prefix_cache = shared_prefix_cache;
   scfg.model_name = served_name;
+  for (const std::string& a : aliases)
+    if (a.empty() || a.size() > 256 || std::any_of(a.begin(), a.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+      return fail(cmd, "--alias: a model id is 1 to 256 characters without control characters");
+  scfg.model_aliases = aliases;
+  scfg.listed_aliases = aliases.size();
+  {  // The file's base name, with and without .gguf.
+    const std::string base = std::filesystem::path(model_path).filename().string();
+    scfg.model_aliases.push_back(base);
+    if (base.size() > 5 && base.ends_with(".gguf")) scfg.model_aliases.push_back(base.substr(0, base.size() - 5));
+  }
   if (!chat_template_file.empty()) {
     std::string t;
     if (!read_file(chat_template_file, &t, 256 * 1024))

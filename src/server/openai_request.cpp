@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "server/openai_request.h"
 
 #include <cmath>
@@ -119,7 +120,8 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
   if (const json* m = rd.get("model")) {
     if (!m->is_string()) return bad_request("model: expected a string", "model");
     r.model = m->get<std::string>();
-    if (!r.model.empty() && r.model != ctx.model_name)
+    if (!r.model.empty() && r.model != ctx.model_name &&
+        std::find(ctx.model_aliases.begin(), ctx.model_aliases.end(), r.model) == ctx.model_aliases.end())
       return ApiError{404, "The model '" + r.model + "' does not exist (this server serves '" + ctx.model_name + "')",
                       "invalid_request_error", "model", "model_not_found"};
   }

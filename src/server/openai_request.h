@@ -45,7 +45,8 @@ struct ParsedRequest {
 struct ParseContext {
   const Tokenizer* tok = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: chat is refused with a 400
-  std::string model_name;                      // ids accepted in "model" (besides absent)
+  std::string model_name;                      // the served id (answered when "model" is absent)
+  std::vector<std::string> model_aliases;      // other ids accepted in "model"
   int64_t n_vocab = 0;
   int64_t max_model_len = 0;
   ApiLimits limits;

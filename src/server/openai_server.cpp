@@ -319,6 +319,7 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   s->parse_ctx_.tok = &engine.tokenizer();
   s->parse_ctx_.chat_template = s->chat_template_ ? &*s->chat_template_ : nullptr;
   s->parse_ctx_.model_name = s->cfg_.model_name;
+  s->parse_ctx_.model_aliases = s->cfg_.model_aliases;
   s->parse_ctx_.n_vocab = info.n_vocab;
   s->parse_ctx_.max_model_len = info.max_model_len;
   s->parse_ctx_.limits = s->cfg_.limits;
@@ -421,9 +422,15 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
   if (path == "/v1/models") {
     if (req.method != "GET") return method_not_allowed(ch, "GET");
     const EngineInfo info = engine_.info();
-    json m = {{"id", cfg_.model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
-              {"max_model_len", info.max_model_len}};
-    return send_json(ch, 200, dump(json{{"object", "list"}, {"data", json::array({m})}}));
+    json data = json::array();
+    std::vector<std::string> ids = {cfg_.model_name};
+    for (size_t i = 0; i < cfg_.listed_aliases && i < cfg_.model_aliases.size(); ++i)
+      if (std::find(ids.begin(), ids.end(), cfg_.model_aliases[i]) == ids.end()) ids.push_back(cfg_.model_aliases[i]);
+    const int64_t created = unix_now();
+    for (const std::string& id : ids)
+      data.push_back({{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "serval"},
+                      {"max_model_len", info.max_model_len}});
+    return send_json(ch, 200, dump(json{{"object", "list"}, {"data", data}}));
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!post) return method_not_allowed(ch, "POST");
@@ -569,7 +576,8 @@ void OpenAiServer::handle_detokenize(const http::HttpRequest& req, const std::sh
                                         "tokens", "invalid_token_id"));
     ids.push_back((TokenId)t.get<int64_t>());
   }
-  send_json(ch, 200, dump(json{{"prompt", engine_.tokenizer().decode(ids)}}));
+  // The text /tokenize would have been given: its space prefix goes, BOS or not.
+  send_json(ch, 200, dump(json{{"prompt", engine_.tokenizer().decode(ids, false, /*whole_text=*/true)}}));
 }
 
 std::string OpenAiServer::metrics_text() const {

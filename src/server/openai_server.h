@@ -30,6 +30,9 @@ struct ServerConfig {
   std::vector<std::string> api_keys;         // empty: no auth
   bool shared_prefix_cache = false;          // false: prefix cache salted per API key (tenant isolation)
   std::string model_name;                    // id served under /v1/models; empty: from the model
+  std::vector<std::string> model_aliases;    // more ids accepted in "model" (--alias; the file's name); the
+                                             // first `listed_aliases` are listed under /v1/models too
+  size_t listed_aliases = 0;
   std::optional<std::string> chat_template;  // from --chat-template (overrides the model's)
   size_t max_inflight_requests = 256;        // accepted and not finished; past it: 429
   int64_t max_inflight_tokens = 1 << 20;     // sum of (prompt + max new tokens) x n in flight; past it: 429

@@ -85,10 +85,11 @@ std::string Tokenizer::token_to_piece(TokenId id, bool render_special) const {
   return impl_->pieces[static_cast<size_t>(id)];
 }
 
-std::string Tokenizer::decode(std::span<const TokenId> ids, bool render_special) const {
+std::string Tokenizer::decode(std::span<const TokenId> ids, bool render_special, bool whole_text) const {
   const Vocab& v = impl_->vocab;
   std::string out;
-  bool strip_space = v.add_space_prefix && !render_special && !ids.empty() && v.bos != kNoToken && ids[0] == v.bos;
+  const bool after_bos = !ids.empty() && v.bos != kNoToken && ids[0] == v.bos;
+  bool strip_space = v.add_space_prefix && !render_special && (after_bos || whole_text);
   for (const TokenId id : ids) {
     std::string piece = token_to_piece(id, render_special);
     if (strip_space && !piece.empty()) {

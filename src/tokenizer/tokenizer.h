@@ -50,8 +50,11 @@ class Tokenizer {
   // rendered), the first piece after it loses its leading space, so that
   // decode(encode(text, true, ...)) == text. Vocabs with clean_spaces (GPT-2,
   // BERT, ...) also drop the spaces HF's clean_up_tokenization removes
-  // (" ," -> ","). Invalid ids are skipped.
-  std::string decode(std::span<const TokenId> ids, bool render_special = false) const;
+  // (" ," -> ","). Invalid ids are skipped. whole_text: the ids are a whole
+  // text (as /detokenize takes them), so the space prefix is removed also
+  // when they do not start with BOS: decode(encode(text, false, ...), false,
+  // true) == text. Without it a continuation keeps its leading space.
+  std::string decode(std::span<const TokenId> ids, bool render_special = false, bool whole_text = false) const;
 
   int32_t n_vocab() const;
   VocabType type() const;

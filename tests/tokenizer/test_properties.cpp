@@ -69,6 +69,13 @@ TEST_P(VocabProperties, DecodeInvertsEncode) {
         std::string expected = text;
         if (c.tok.vocab().clean_spaces) clean_up_spaces(expected);
         EXPECT_EQ(decoded, expected) << "text: '" << text << "'";
+        // Without BOS: decoded as a whole text, the space prefix goes too; as a
+        // continuation it stays.
+        const auto bare = c.tok.encode(text, /*add_special=*/false, /*parse_special=*/false);
+        EXPECT_EQ(c.tok.decode(bare, false, /*whole_text=*/true), expected) << "text: '" << text << "'";
+        if (c.tok.vocab().add_space_prefix && !text.empty()) {
+          EXPECT_EQ(c.tok.decode(bare), " " + expected) << "text: '" << text << "'";
+        }
         break;
       }
       case VocabType::wpm: {
