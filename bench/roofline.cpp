@@ -86,6 +86,13 @@ constexpr int64_t kIters = 20'000'000;
   for (int k = 0; k < kAcc; ++k) sum += (double)FOLD(acc[k]); \
   g_sink += (uint64_t)(int64_t)sum;
 
+// GCC 12's _mm512_reduce_add_* build _mm512_undefined_*() from a
+// self-initialized local, which -Wuninitialized reports (as in the kernels,
+// src/kernels/x86/target.h).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 __attribute__((target("avx512f"))) void fma_zmm(int64_t iters) {
   const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
 #define SERVAL_STEP(v) _mm512_fmadd_ps(v, a, b)
@@ -112,6 +119,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_zmm(int64_t ite
   SERVAL_PEAK_BODY(__m512i, _mm512_set1_epi32, SERVAL_STEP, _mm512_reduce_add_epi32, (void)0)
 #undef SERVAL_STEP
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 __attribute__((target("avx2,avxvnni"))) void vnni_ymm(int64_t iters) {
   const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2);

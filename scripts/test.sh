@@ -16,6 +16,7 @@ if [ ! -d ../shared/models ]; then
   echo "test.sh: ../shared (test data) is missing beside the checkout" >&2
   exit 2
 fi
+export SERVAL_WERROR="${SERVAL_WERROR:-ON}"  # a warning fails the build (build.sh, test-sanitize.sh)
 start=$SECONDS
 for stage in ${SERVAL_TEST_STAGES:-release sanitize fuzz}; do
   echo "== test.sh: $stage ($(date -u +%H:%M:%S))"

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -31,6 +32,10 @@
 namespace serval {
 
 struct KvGeometry {
+  KvGeometry() = default;
+  KvGeometry(int32_t layers, int32_t dim, int32_t block = 16, KvType t = KvType::f32, std::vector<uint8_t> swa = {})
+      : n_layers(layers), kv_dim(dim), block_size(block), type(t), swa_layers(std::move(swa)) {}
+
   int32_t n_layers = 0;
   int32_t kv_dim = 0;       // n_kv_heads * head_dim
   int32_t block_size = 16;  // tokens per block

@@ -26,6 +26,12 @@
 namespace serval {
 
 struct BatchSeq {
+  BatchSeq() = default;
+  BatchSeq(int64_t start, int32_t n, std::span<const BlockId> table, bool logits = false, int32_t n_logit_rows = 1,
+           bool hidden = false, std::span<const BlockId> swa_table = {})
+      : start_pos(start), n_tokens(n), block_table(table), needs_logits(logits), n_logits(n_logit_rows),
+        want_hidden(hidden), swa_block_table(swa_table) {}
+
   int64_t start_pos = 0;                 // position of the first token of this chunk
   int32_t n_tokens = 0;                  // tokens of this sequence in the batch (>= 1)
   std::span<const BlockId> block_table;  // covers positions [0, start_pos + n_tokens)
@@ -37,6 +43,7 @@ struct BatchSeq {
   // as long as block_table, -1 for blocks behind the window of start_pos
   // (never read); the layers in that pool read and write through it.
   std::span<const BlockId> swa_block_table;
+
 };
 
 struct Batch {

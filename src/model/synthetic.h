@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -38,6 +39,9 @@ Expected<SynthShape> find_synth_shape(const std::string& name);
 const std::vector<std::string>& synth_archs();
 
 struct SynthOptions {
+  SynthOptions() = default;
+  SynthOptions(SynthShape s, DType t, uint64_t sd = 42) : shape(std::move(s)), type(t), seed(sd) {}
+
   SynthShape shape;
   DType type = DType::f16;  // type of the 2-D weight matrices (norms stay F32)
   uint64_t seed = 42;

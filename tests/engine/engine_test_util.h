@@ -40,7 +40,7 @@ const Loaded& shared_model(const std::string& rel) {
 
 const Loaded& stories() { return shared_model("stories260K.gguf"); }
 
-std::unique_ptr<Engine> make_engine(EngineConfig cfg) {
+[[maybe_unused]] std::unique_ptr<Engine> make_engine(EngineConfig cfg) {
   auto e = Engine::create(stories().model, *stories().tok, cfg);
   EXPECT_TRUE(e.ok()) << e.status().message();
   return std::move(e.value());
@@ -49,7 +49,7 @@ std::unique_ptr<Engine> make_engine(EngineConfig cfg) {
 // The engine's stats once it is parked between steps (everything the last
 // step did, e.g. freeing a finished request's blocks, is in them); the engine
 // steps on afterwards.
-EngineStats settled_stats(Engine& e) {
+[[maybe_unused]] EngineStats settled_stats(Engine& e) {
   e.pause();
   EngineStats st = e.stats();
   e.resume();

@@ -223,7 +223,8 @@ struct RefBeamOptions {
 
 // On stories260K after kPrompt, recomputed from scratch.
 RefBeamOptions on_stories(int W, int G, double lambda, double lp, int max_new) {
-  RefBeamOptions o{W, G, lambda, lp, max_new};
+  RefBeamOptions o;
+  o.W = W, o.G = G, o.lambda = lambda, o.lp = lp, o.max_new = max_new;
   o.logprobs = [](const std::vector<TokenId>& tokens) {
     std::vector<TokenId> ctx = kPrompt;
     ctx.insert(ctx.end(), tokens.begin(), tokens.end());
@@ -336,7 +337,8 @@ TEST(SearchDecoding, BeamSearchStepsMatchTheReferenceOnAHashModel) {
           }
           return it->second;
         };
-        RefBeamOptions o{W, G, lambda, lp, max_new, es};
+        RefBeamOptions o;
+        o.W = W, o.G = G, o.lambda = lambda, o.lp = lp, o.max_new = max_new, o.es = es;
         o.logprobs = [&](const std::vector<TokenId>& t) {
           const auto& f = lps(t);
           return std::vector<double>(f.begin(), f.end());

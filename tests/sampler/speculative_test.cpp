@@ -54,7 +54,9 @@ void expect_matches(const std::map<TokenId, double>& got, const std::vector<Cand
   for (const auto& [t, g] : got) {
     bool in_p = false;
     for (const Candidate& c : p) in_p = in_p || (c.token == t && c.prob > 0);
-    if (!in_p) EXPECT_EQ(g, 0.0) << "token " << t << " is outside p's support";
+    if (!in_p) {
+      EXPECT_EQ(g, 0.0) << "token " << t << " is outside p's support";
+    }
   }
 }
 

@@ -82,7 +82,9 @@ struct Harness {
       EXPECT_EQ(static_cast<int32_t>(ss.tokens.size()), ss.n_tokens);
       EXPECT_GE(static_cast<int64_t>(ss.block_table.size()) * kv->block_size(),
                 ss.start_pos + ss.n_tokens + ss.n_draft);
-      if (ss.n_draft > 0) EXPECT_TRUE(ss.n_tokens == 1 && ss.needs_logits);
+      if (ss.n_draft > 0) {
+        EXPECT_TRUE(ss.n_tokens == 1 && ss.needs_logits);
+      }
     }
     EXPECT_EQ(sum, out.n_tokens);
     if (!out.preempted.empty() || !out.swap_out.empty()) {
