@@ -50,7 +50,7 @@ struct EngineConfig {
   size_t kv_memory_bytes = 256u << 20;  // device KV pool; see parse_kv_memory()
   size_t swap_memory_bytes = 0;         // host swap space for preemption by swapping (0: recompute only)
   int32_t block_size = 16;              // tokens per KV block
-  KvType kv_type = KvType::f32;         // KV element type (--kv-type; tensor/kv_type.h)
+  KvType kv_type = KvType::f16;         // KV element type (--kv-type; tensor/kv_type.h); f16 as in llama.cpp
   int32_t max_batch_tokens = 512;       // token budget of one step
   int32_t max_seqs = 64;                // sequences in one step
   int64_t max_model_len = 0;            // context per sequence; 0: the model's (at most 4096)

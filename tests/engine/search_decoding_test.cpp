@@ -85,6 +85,7 @@ EngineConfig small_config() {
   cfg.n_threads = 1;
   cfg.max_model_len = 64;
   cfg.block_size = 4;
+  cfg.kv_type = KvType::f32;  // the slow references below compute in F32 throughout
   return cfg;
 }
 

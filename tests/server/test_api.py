@@ -29,7 +29,9 @@ class Ctx:
 @suite.setup
 @contextlib.contextmanager
 def setup():
-    with Server("--served-model-name", MODEL_ID, name="api") as srv:
+    # The golden's conditions: llama.cpp ran with an F32 KV cache (../shared/DESIGN.md);
+    # the default (F16) is what every other suite runs.
+    with Server("--served-model-name", MODEL_ID, "--kv-type", "f32", name="api") as srv:
         ctx = Ctx()
         ctx.port = srv.port
         ctx.srv = srv
