@@ -15,7 +15,7 @@ if [ ! -d ../shared/models ]; then
   exit 2
 fi
 ./scripts/install-deps.sh
-cmake --preset fuzz >/dev/null
+cmake --preset fuzz -DSERVAL_WERROR="${SERVAL_WERROR:-OFF}" >/dev/null
 cmake --build --preset fuzz -j"$(nproc)"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -32,4 +32,6 @@ export SERVAL_SOAK_SECONDS="${SERVAL_SOAK_SECONDS:-15}"
 # check, while the same accept/reject code runs here in the other SpecEngine
 # and speculative sampler tests).
 ctest --preset fuzz -j"$(nproc)" -LE network \
-  -E 'MiniFormatsTeacherForcedMatchLlamaCpp|SpecEngine.SampledDistributionMatchesTarget' "$@"
+  -E 'MiniFormatsTeacherForcedMatchLlamaCpp|SpecEngine.SampledDistributionMatchesTarget' "$@" |
+  tee build-fuzz/ctest-sanitize.log
+./scripts/slowest-tests.sh build-fuzz/ctest-sanitize.log

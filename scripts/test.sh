@@ -20,11 +20,16 @@ export SERVAL_WERROR="${SERVAL_WERROR:-ON}"  # a warning fails the build (build.
 start=$SECONDS
 for stage in ${SERVAL_TEST_STAGES:-release sanitize fuzz}; do
   echo "== test.sh: $stage ($(date -u +%H:%M:%S))"
+  stage_start=$SECONDS
   case "$stage" in
-    release) ./scripts/build.sh && ctest --preset release -j"$(nproc)" "$@" ;;
+    release)
+      ./scripts/build.sh
+      ctest --preset release -j"$(nproc)" "$@" | tee build/ctest-release.log
+      ./scripts/slowest-tests.sh build/ctest-release.log ;;
     sanitize) ./scripts/test-sanitize.sh ;;
     fuzz) ./scripts/fuzz.sh --seconds "${SERVAL_FUZZ_SECONDS:-20}" ;;
     *) echo "test.sh: unknown stage '$stage' (release, sanitize, fuzz)" >&2; exit 2 ;;
   esac
+  echo "== test.sh: $stage took $((SECONDS - stage_start)) s"
 done
 echo "== test.sh: all stages passed in $((SECONDS - start)) s"
