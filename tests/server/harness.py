@@ -19,6 +19,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -417,12 +418,6 @@ _live = set()
 _live_lock = threading.Lock()
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """One `serval serve` process on 127.0.0.1. Use as a context manager."""
 
@@ -436,8 +431,9 @@ class Server:
         self.port = None
         self.log_path = None
 
-    def command(self, port):
-        cmd = [Config.serval, "serve", "-m", self.model, "--host", "127.0.0.1", "--port", str(port),
+    def command(self):
+        # Port 0: the server binds a free port itself and logs it (no race with another process).
+        cmd = [Config.serval, "serve", "-m", self.model, "--host", "127.0.0.1", "--port", "0",
                "-t", str(self.threads), "--kv-memory", "64M"]
         if self.chat_template:
             cmd += ["--chat-template", self.chat_template]
@@ -447,38 +443,36 @@ class Server:
             cmd = ["setpriv", "--pdeathsig", "KILL", "--"] + cmd
         return cmd
 
+    LISTENING = re.compile(r"serval serve: listening on http://127\.0\.0\.1:(\d+) ")
+
     def start(self, timeout=60):
         check(os.path.exists(Config.serval), f"serval binary not found at {Config.serval}")
         check(os.path.exists(self.model), f"model not found at {self.model}")
-        for attempt in range(5):
-            port = free_port()
-            fd, self.log_path = tempfile.mkstemp(prefix=f"serval-test-{self.name}-", suffix=".log")
-            log = os.fdopen(fd, "wb")
-            self.proc = subprocess.Popen(self.command(port), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-            log.close()
-            with _live_lock:
-                _live.add(self)
-            self.port = port
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    break
+        self.port = None
+        fd, self.log_path = tempfile.mkstemp(prefix=f"serval-test-{self.name}-", suffix=".log")
+        log = os.fdopen(fd, "wb")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        with _live_lock:
+            _live.add(self)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self.port is None:
+                m = self.LISTENING.search(self.log())
+                if m:
+                    self.port = int(m.group(1))
+            if self.port is not None:
                 try:
-                    if get(port, "/health", timeout=2).status == 200:
+                    if get(self.port, "/health", timeout=2).status == 200:
                         return self
                 except OSError:
                     pass
-                time.sleep(0.05)
-            alive = self.proc.poll() is None
-            log_text = self.log()
-            self.kill()
-            self.cleanup_log()
-            if not alive and "cannot listen" in log_text:
-                continue  # the port was taken between free_port() and bind: pick another
-            raise AssertionError(f"server '{self.name}' did not come up (exit {self.proc.returncode}); "
-                                 f"command: {' '.join(self.command(port))}\nlog:\n{log_text[-3000:]}")
-        raise AssertionError(f"server '{self.name}': no free port after 5 tries")
+            time.sleep(0.05)
+        log_text = self.log()
+        self.kill()
+        self.cleanup_log()
+        raise AssertionError(f"server '{self.name}' did not come up within {timeout} s (exit {self.proc.returncode}); "
+                             f"command: {' '.join(self.command())}\nlog:\n{log_text[-3000:]}")
 
     def log(self):
         try:
