@@ -418,6 +418,13 @@ _live = set()
 _live_lock = threading.Lock()
 
 
+def free_port():
+    """A port free now (for a test's own listener that binds it at once)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
     """One `serval serve` process on 127.0.0.1. Use as a context manager."""
 

@@ -279,6 +279,9 @@ def engine_state_is_protected(ctx):
     eq(j["requests"]["running"], 0, "running when idle")
     eq(j["requests"]["waiting"], 0, "waiting when idle")
     eq(j["kv_cache"]["blocks_used"], 0, "blocks used when idle")
+    # No --kv-type: f16 by default, as in llama.cpp (stories260K: 5 layers x K,V x kv_dim 32 x 2 bytes).
+    eq(j["kv_cache"]["type"], "f16", "the default KV cache type")
+    eq(j["kv_cache"]["bytes_per_token"], 5 * 2 * 32 * 2, "KV bytes per token at f16")
     pc = j["prefix_cache"]
     check(pc["query_tokens"] > 0 and 0 <= pc["hit_rate"] <= 1, f"prefix_cache: {pc}")
     eq(pc["hit_rate"], pc["hit_tokens"] / pc["query_tokens"], "hit_rate = hit_tokens / query_tokens")
