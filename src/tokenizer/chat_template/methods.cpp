@@ -576,7 +576,6 @@ Value g_range(Evaluator& ev, const Value&, CallArgs& a) {
     if (a.pos.size() == 3) step = v[2];
   }
   if (step == 0) fail("range() arg 3 must not be zero");
-  py::SliceRange r;
   __int128 count = 0;
   if (step > 0 && start < stop) count = ((__int128)stop - start - 1) / step + 1;
   if (step < 0 && start > stop) count = ((__int128)start - stop - 1) / (-(__int128)step) + 1;
