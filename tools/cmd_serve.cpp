@@ -76,6 +76,10 @@ int cmd_serve(int argc, char** argv) {
   bool swa_full = false;
   app.add_flag("--swa-full", swa_full,
                "sliding-window layers keep the whole context (default: only their window; swapping is then off)");
+  bool engine_control = false;
+  app.add_flag("--engine-control", engine_control,
+               "enable POST /v1/engine/pause, /resume and /step (API key required when keys are set): hold the "
+               "engine between steps for deterministic tests or while an operator inspects a replica");
   app.add_flag("--shared-prefix-cache", shared_prefix_cache,
                "one prefix cache for all API keys (default: one per key, so tenants cannot see each other's prompts)");
   app.add_option("--max-body-bytes", max_body, "largest request body (413 past it)")->check(CLI::Range((size_t)1024, (size_t)1 << 30));
@@ -120,6 +124,7 @@ int cmd_serve(int argc, char** argv) {
   server::ServerConfig scfg;
   scfg.api_keys = api_keys;
   scfg.shared_prefix_cache = shared_prefix_cache;
+  scfg.engine_control = engine_control;
   scfg.model_name = served_name;
   for (const std::string& a : aliases)
     if (a.empty() || a.size() > 256 || std::any_of(a.begin(), a.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))

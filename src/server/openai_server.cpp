@@ -42,8 +42,8 @@ uint64_t tenant_salt(const ServerConfig& cfg, const http::HttpRequest& req) {
   return h ? h : 1;
 }
 
-// The body of /tokenize or /detokenize as JSON (depth-bounded); the error to
-// send otherwise.
+// The body of /tokenize, /detokenize or /v1/engine/step as JSON (depth-bounded);
+// the error to send otherwise.
 std::optional<ApiError> parse_json_body(const std::string& body, int64_t max_depth, json* j) {
   if ((int64_t)json_depth(body) > max_depth) return bad_request("request body nests too deeply");
   try {
@@ -416,6 +416,10 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
     if (req.method != "GET") return method_not_allowed(ch, "GET");
     return handle_engine_state(ch);
   }
+  if (cfg_.engine_control && (path == "/v1/engine/pause" || path == "/v1/engine/resume" || path == "/v1/engine/step")) {
+    if (req.method != "POST") return method_not_allowed(ch, "POST");
+    return handle_engine_control(req, ch);
+  }
   if (draining_)
     return send_error(ch, ApiError{503, "server is shutting down; no new requests", "server_error", "", "draining"});
   const bool post = req.method == "POST";
@@ -586,6 +590,34 @@ std::string OpenAiServer::metrics_text() const {
   metrics::ExpositionWriter w;
   obs_->write_metrics(w, s, inflight_requests_.load());
   return w.take();
+}
+
+void OpenAiServer::handle_engine_control(const http::HttpRequest& req,
+                                         const std::shared_ptr<http::ResponseChannel>& ch) {
+  if (req.path == "/v1/engine/pause") {
+    engine_.pause();
+  } else if (req.path == "/v1/engine/resume") {
+    engine_.resume();
+  } else {  // step
+    if (!engine_.paused())
+      return send_error(ch, ApiError{409, "the engine is not paused (POST /v1/engine/pause first)",
+                                     "invalid_request_error", "", "not_paused"});
+    int64_t steps = 1;
+    if (!req.body.empty()) {
+      json body;
+      if (auto err = parse_json_body(req.body, (int64_t)cfg_.limits.max_json_depth, &body)) return send_error(ch, *err);
+      if (!body.is_object()) return send_error(ch, bad_request("request body must be a JSON object"));
+      if (body.contains("steps")) {
+        const json& v = body["steps"];
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1000)
+          return send_error(ch, ApiError{400, "'steps' must be an integer in [1, 1000]", "invalid_request_error",
+                                         "steps", "invalid_value"});
+        steps = v.get<int64_t>();
+      }
+    }
+    engine_.step((int)steps);
+  }
+  send_json(ch, 200, dump(json{{"paused", engine_.paused()}}));
 }
 
 void OpenAiServer::handle_engine_state(const std::shared_ptr<http::ResponseChannel>& ch) {

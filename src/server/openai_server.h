@@ -29,6 +29,7 @@ namespace serval::server {
 struct ServerConfig {
   std::vector<std::string> api_keys;         // empty: no auth
   bool shared_prefix_cache = false;          // false: prefix cache salted per API key (tenant isolation)
+  bool engine_control = false;               // POST /v1/engine/{pause,resume,step} (--engine-control); off: 404
   std::string model_name;                    // id served under /v1/models; empty: from the model
   std::vector<std::string> model_aliases;    // more ids accepted in "model" (--alias; the file's name); the
                                              // first `listed_aliases` are listed under /v1/models too
@@ -64,6 +65,10 @@ class OpenAiServer {
   void handle_generate(const http::HttpRequest& req, std::shared_ptr<http::ResponseChannel> ch, bool chat,
                        std::shared_ptr<RequestObservation> obs);
   void handle_engine_state(const std::shared_ptr<http::ResponseChannel>& ch);
+  // POST /v1/engine/pause | resume | step ({"steps": n}, 1..1000): Engine's
+  // stepping control, for deterministic tests and for operators holding a
+  // replica still. Answers {"paused": bool} once the engine is in that state.
+  void handle_engine_control(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra = {});

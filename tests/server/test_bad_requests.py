@@ -309,6 +309,7 @@ def route_cases():
         Case("unknown route GET /v1/nope", "/v1/nope", None, status=404, method="GET"),
         Case("unknown route POST /v1/engines/x/completions", "/v1/engines/x/completions", p, status=404),
         Case("unknown route GET /", "/", None, status=404, method="GET"),
+        Case("engine control is off without --engine-control", "/v1/engine/pause", {}, status=404),
         Case("unknown route /v1/completions/extra", "/v1/completions/extra", p, status=404),
     ]
     for method, path in [("GET", C), ("PUT", C), ("GET", H), ("DELETE", H), ("POST", "/v1/models"),

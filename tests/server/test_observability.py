@@ -10,7 +10,8 @@
   W3C trace id and correct parent/child links; an absent collector costs
   dropped spans, never failed requests;
 - `--log-format json` access logs carry the request and trace ids;
-- GET /v1/engine/state (API key protected);
+- GET /v1/engine/state (API key protected), read while the engine is held
+  between steps (POST /v1/engine/pause / step / resume, --engine-control);
 - the example alerting rules pass `promtool check rules` and `promtool test rules`."""
 
 import http.server
@@ -29,7 +30,8 @@ import urllib.request
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from harness import (  # noqa: E402
-    REPO, Config, Server, Suite, check, eq, free_port, get, parse_metrics, post, short, stream, wait_until)
+    REPO, Config, Server, Suite, check, check_error_body, eq, free_port, get, parse_metrics, post, short, stream,
+    wait_until)
 
 suite = Suite("server_observability")
 PROMPT = "Once upon a time"
@@ -107,7 +109,7 @@ def fixture():
         # a known way.
         args = ["--api-key", KEYS[0], "--api-key", KEYS[1], "--slo-ttft-p99-ms", "60000", "--slo-itl-p99-ms", "0.001",
                 "--slo-availability", "99.9", "--price-table", prices, "--watts-per-core", "12.5",
-                "--grid-intensity", "400", "--log-format", "json"]
+                "--grid-intensity", "400", "--log-format", "json", "--engine-control"]
         with Server(*args, name="obs") as srv:
             ctx.srv = srv
             ctx.port = srv.port
@@ -289,16 +291,37 @@ def engine_state_is_protected(ctx):
 
 @suite.test
 def engine_state_counts_running_requests(ctx):
+    # Deterministic, whatever the machine's load: the engine is paused, so the
+    # request waits; a helper thread steps the engine one iteration at a time
+    # until the stream's first token arrives (the prefill step); the state is
+    # read while the engine is parked after that step, then it resumes.
+    eq(post(ctx.port, "/v1/engine/pause", {}, headers=auth()).status, 200, "pause")
     seen = {}
+    first = threading.Event()
+
+    def stepper():
+        deadline = time.monotonic() + 30
+        while not first.is_set() and time.monotonic() < deadline:
+            eq(post(ctx.port, "/v1/engine/step", {"steps": 1}, headers=auth()).status, 200, "step")
+            first.wait(0.02)
 
     def on_event(res, ev):
         if "state" not in seen:
+            first.set()
             seen["state"] = get(ctx.port, "/v1/engine/state", headers=auth()).json()
+            post(ctx.port, "/v1/engine/resume", {}, headers=auth())
         return True
+    t = threading.Thread(target=stepper)
+    t.start()
     h = dict(auth(1))
     h["X-Request-Id"] = "state-probe-7"
-    res = stream(ctx.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, "stream": True, "ignore_eos": True},
-                 headers=h, on_event=on_event)
+    try:
+        res = stream(ctx.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, "stream": True,
+                                                   "ignore_eos": True}, headers=h, on_event=on_event)
+    finally:
+        post(ctx.port, "/v1/engine/resume", {}, headers=auth())
+        first.set()
+        t.join()
     res.check_well_formed("stream")
     st = seen["state"]
     eq(st["requests"]["http_in_flight"], 1, "in flight during a stream")
@@ -313,6 +336,23 @@ def engine_state_counts_running_requests(ctx):
     check(r["stream"] is True and 1 <= r["completion_tokens"] <= 40 and r["age_s"] > 0, f"listed request: {r}")
     check(st["requests"]["running"] + st["requests"]["waiting"] == 1, f"one sequence in the engine: {st}")
     check(st["kv_cache"]["blocks_used"] >= 1, f"blocks used during a stream: {st}")
+
+
+@suite.test
+def engine_control_routes(ctx):
+    # API key required; step only while paused; steps bounded; GET refused.
+    check_error_body(post(ctx.port, "/v1/engine/pause", {}), 401, "pause without a key")
+    check_error_body(post(ctx.port, "/v1/engine/step", {}, headers=auth()), 409, "step while running",
+                     code="not_paused")
+    eq(get(ctx.port, "/v1/engine/pause", headers=auth()).status, 405, "GET /v1/engine/pause")
+    eq(post(ctx.port, "/v1/engine/pause", {}, headers=auth()).json(), {"paused": True}, "pause")
+    try:
+        for bad in ({"steps": 0}, {"steps": 1001}, {"steps": "2"}, [1]):
+            check_error_body(post(ctx.port, "/v1/engine/step", bad, headers=auth()), 400, f"step {bad}")
+        eq(post(ctx.port, "/v1/engine/step", {"steps": 3}, headers=auth()).json(), {"paused": True}, "step 3")
+    finally:
+        eq(post(ctx.port, "/v1/engine/resume", {}, headers=auth()).json(), {"paused": False}, "resume")
+    complete(ctx.port)  # serving again
 
 
 # ------------------------------------------------------------------ Prometheus
