@@ -1,7 +1,8 @@
 """Shared pieces of the end-to-end tests of `serval serve` (Python 3 stdlib only).
 
 A test file builds a Suite, registers test functions with @suite.test and calls
-suite.main(). Each run starts its own servers on 127.0.0.1 (a free port picked
+suite.main(), which exits the process with 1 when a test failed (so a file that
+forgets to pass its result on cannot pass by accident). Each run starts its own servers on 127.0.0.1 (a free port picked
 here), waits for GET /health, and kills every server it started on exit, even
 when the runner itself is killed (the servers get SIGKILL when it dies, through
 PR_SET_PDEATHSIG where `setpriv` is available).
@@ -399,6 +400,35 @@ def metrics(port, headers=None):
     return {k: sum(v for _, v in vals) for k, vals in samples.items()}
 
 
+def teacher_forced(port, cases, gap=0.01):
+    """llama.cpp's greedy paths teacher-forced through /v1/completions: each step
+    one request whose prompt is the golden prompt plus the golden tokens so far
+    (as token ids), with logprobs=5 and stop_token_ids = the golden's token (so
+    finish_reason "stop" says our greedy token is the golden's, by id). Returns
+    (mean |d logprob|, max, values compared, steps whose golden top-2 gap
+    exceeds `gap`, of those the steps where our greedy token agrees)."""
+    total, n, worst, gap_steps, gap_agree = 0.0, 0, 0.0, 0, 0
+    for case in cases:
+        forced = case["greedy_tokens"]
+        for step, top in enumerate(case["top5_logprobs"]):
+            body = {"prompt": case["prompt_tokens"] + forced[:step], "max_tokens": 1, "temperature": 0,
+                    "logprobs": 5, "stop_token_ids": [forced[step]]}
+            r = post(port, "/v1/completions", body, timeout=60)
+            eq(r.status, 200, f"POST /v1/completions {short(body, 200)} ({short(r.body, 300)})")
+            ch = r.json()["choices"][0]
+            got = sorted(ch["logprobs"]["top_logprobs"][0].values(), reverse=True)
+            want = [t["logprob"] for t in top]
+            # Fewer than 5 when tokens share a piece (a dict key): then the
+            # generated (top-1) token's own log-prob alone.
+            top1 = ch["logprobs"]["token_logprobs"][0]
+            for a, b in zip(got, want) if len(got) == 5 else [(top1, want[0])]:
+                total, n, worst = total + abs(a - b), n + 1, max(worst, abs(a - b))
+            if want[0] - want[1] > gap:
+                gap_steps += 1
+                gap_agree += ch["finish_reason"] == "stop"
+    return total / max(n, 1), worst, n, gap_steps, gap_agree
+
+
 def wait_until(fn, timeout, interval=0.02):
     """Polls fn() until it returns a truthy value; returns (value, seconds waited) or (last value, None)."""
     t0 = time.monotonic()
@@ -614,6 +644,9 @@ class Suite:
         sys.stdout.reconfigure(line_buffering=True)
 
         selected = [t for t in self.tests if not a.k or any(k in t.__name__ for k in a.k)]
+        if not selected:
+            print(f"{self.name}: no test selected (-k {a.k})")
+            raise SystemExit(1)
         t_start = time.monotonic()
         print(f"== {self.name}: {len(selected)} tests (serval {Config.serval}, shared {Config.shared})")
         passed = failed = skipped = 0
@@ -625,7 +658,7 @@ class Suite:
             traceback.print_exc(file=sys.stdout)
             _kill_all()
             print(f"{self.name}: set-up failed: {e}\n{self.name}: 0 passed, {len(selected)} failed")
-            return 1
+            raise SystemExit(1)
         try:
             for t in selected:
                 t0 = time.monotonic()
@@ -655,7 +688,7 @@ class Suite:
             print("failed: " + ", ".join(failures))
         extra = f", {skipped} skipped" if skipped else ""
         print(f"{self.name}: {passed} passed, {failed} failed{extra} ({time.monotonic() - t_start:.1f} s)")
-        return 1 if failed else 0
+        raise SystemExit(1 if failed else 0)
 
 
 def run_threads(fns, timeout=120):
