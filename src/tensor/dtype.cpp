@@ -15,7 +15,7 @@ struct Entry {
 };
 
 // Block geometry per ggml's type table (type_size in bytes per block).
-constexpr std::array<Entry, 31> kTable = {{
+constexpr std::array<Entry, 32> kTable = {{
     {0, {"f32", 1, 4, true}},
     {1, {"f16", 1, 2, true}},
     {2, {"q4_0", 32, 2 + 16, true}},
@@ -30,22 +30,23 @@ constexpr std::array<Entry, 31> kTable = {{
     {13, {"q5_K", QK_K, 2 + 2 + 12 + QK_K / 8 + QK_K / 2, true}},
     {14, {"q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, true}},
     {15, {"q8_K", QK_K, 4 + QK_K + QK_K / 16 * 2, false}},
-    {16, {"iq2_xxs", QK_K, 2 + QK_K / 8 * 2, false}},
-    {17, {"iq2_xs", QK_K, 2 + QK_K / 8 * 2 + QK_K / 32, false}},
-    {18, {"iq3_xxs", QK_K, 2 + QK_K / 4 + QK_K / 8, false}},
-    {19, {"iq1_s", QK_K, 2 + QK_K / 8 + QK_K / 16, false}},
+    {16, {"iq2_xxs", QK_K, 2 + QK_K / 8 * 2, true}},
+    {17, {"iq2_xs", QK_K, 2 + QK_K / 8 * 2 + QK_K / 32, true}},
+    {18, {"iq3_xxs", QK_K, 2 + QK_K / 4 + QK_K / 8, true}},
+    {19, {"iq1_s", QK_K, 2 + QK_K / 8 + QK_K / 16, true}},
     {20, {"iq4_nl", 32, 2 + 16, true}},
-    {21, {"iq3_s", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, false}},
-    {22, {"iq2_s", QK_K, 2 + QK_K / 4 + QK_K / 16, false}},
+    {21, {"iq3_s", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, true}},
+    {22, {"iq2_s", QK_K, 2 + QK_K / 4 + QK_K / 16, true}},
     {23, {"iq4_xs", QK_K, 2 + 2 + QK_K / 64 + QK_K / 2, true}},
     {24, {"i8", 1, 1, false}},
     {25, {"i16", 1, 2, false}},
     {26, {"i32", 1, 4, false}},
     {27, {"i64", 1, 8, false}},
     {28, {"f64", 1, 8, false}},
-    {29, {"iq1_m", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32, false}},
+    {29, {"iq1_m", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32, true}},
     {30, {"bf16", 1, 2, true}},
-    {34, {"tq1_0", QK_K, 2 + 4 * 13, false}},
+    {34, {"tq1_0", QK_K, 2 + 4 * 13, true}},
+    {35, {"tq2_0", QK_K, 2 + QK_K / 4, true}},
     {39, {"mxfp4", 32, 1 + 16, true}},
 }};
 

@@ -43,6 +43,8 @@ enum class DType : uint32_t {
   f64 = 28,
   iq1_m = 29,
   bf16 = 30,
+  tq1_0 = 34,  // ternary, 5 trits per byte
+  tq2_0 = 35,  // ternary, 2 bits per element
   mxfp4 = 39,  // OCP microscaling FP4 (E2M1 values, E8M0 block scale; gpt-oss experts)
 };
 

@@ -199,6 +199,115 @@ static_assert(sizeof(block_iq4_xs) == 136 && kIsPlainBlock<block_iq4_xs>);
 static_assert(offsetof(block_q2_K, d) == 80 && offsetof(block_q3_K, d) == 108);
 static_assert(offsetof(block_q5_K, qs) == 48 && offsetof(block_q6_K, d) == 208);
 
+// ---- 256-element super-blocks on lattice codebooks (IQ1/IQ2/IQ3) and ternary
+// types (TQ). The codebooks ("grids") are in tensor/iq_grids.h: entry i of a
+// grid holds 8 (or 4) unsigned magnitudes, element j of the group in byte j.
+// A sign byte s (kmask bit j = 1 << j) negates element j when bit j is set;
+// the 7-bit sign fields of IQ2_XXS / IQ2_XS / IQ3_XXS name one of the 128
+// bytes of even parity: s = v | parity(v) << 7 (iq_sign_byte below).
+// Every super-block is 8 sub-blocks of 32 elements = 4 groups of 8; "group
+// (ib, l)" is elements 32 ib + 8 l .. + 7.
+
+// IQ2_XXS (2.06 bpw): sub-block ib takes the two 32-bit words
+// a = qs[4ib] | qs[4ib+1] << 16 and b = qs[4ib+2] | qs[4ib+3] << 16. Group l
+// is grid entry byte l of a (kIq2xxs, 256 entries), its signs the 7 bits of b
+// at 7l; the scale is b >> 28: y = d * (0.5 + (b >> 28)) * 0.25 * grid * sign.
+struct block_iq2_xxs {
+  uint16_t d;
+  uint16_t qs[QK_K / 8];
+};
+// IQ2_XS (2.31 bpw): group l of sub-block ib is qs[4ib + l]: the low 9 bits
+// index kIq2xs (512 entries), the high 7 bits are its sign field; scales[ib]
+// holds a 4-bit scale for groups 0-1 (low nibble) and 2-3 (high nibble):
+// y = d * (0.5 + s) * 0.25 * grid * sign.
+struct block_iq2_xs {
+  uint16_t d;
+  uint16_t qs[QK_K / 8];
+  uint8_t scales[QK_K / 32];
+};
+// IQ2_S (2.56 bpw): group l of sub-block ib has index qs[4ib + l] |
+// ((qh[ib] >> 2l) & 3) << 8 into kIq2s (1024 entries) and the full sign byte
+// signs[4ib + l] (the second half of qs); scales as IQ2_XS.
+struct block_iq2_s {
+  uint16_t d;
+  uint8_t qs[QK_K / 4];  // [0, 32): grid index low bits; [32, 64): sign bytes
+  uint8_t qh[QK_K / 32];
+  uint8_t scales[QK_K / 32];
+};
+// IQ3_XXS (3.06 bpw): group l of sub-block ib is two 4-element halves, grid
+// entries qs[8ib + 2l] and qs[8ib + 2l + 1] of kIq3xxs (256 entries of 4);
+// the 32-bit word w = sas[ib] (sas = the last 32 bytes, as 8 words) gives the
+// sign field of group l at 7l and the scale w >> 28:
+// y = d * (0.5 + (w >> 28)) * 0.5 * grid * sign.
+struct block_iq3_xxs {
+  uint16_t d;
+  uint8_t qs[3 * QK_K / 8];  // [0, 64): grid indices; [64, 96): 8 scale-and-sign words
+};
+// IQ3_S (3.44 bpw): group l of sub-block ib is two 4-element halves with 9-bit
+// indices qs[8ib + 2l + h] | bit (2l + h) of qh[ib] << 8 into kIq3s (512
+// entries of 4), sign byte signs[4ib + l]; the 4-bit scale s of sub-block ib
+// is nibble ib % 2 of scales[ib / 2]: y = d * (1 + 2s) * grid * sign.
+struct block_iq3_s {
+  uint16_t d;
+  uint8_t qs[QK_K / 4];
+  uint8_t qh[QK_K / 32];
+  uint8_t signs[QK_K / 8];
+  uint8_t scales[QK_K / 64];
+};
+// IQ1_S (1.56 bpw): group l of sub-block ib indexes kIq1s (2048 entries of
+// int8 values in {-1, 0, 1}) with qs[4ib + l] | ((qh[ib] >> 3l) & 7) << 8;
+// bits 12-14 of qh[ib] are the scale s, bit 15 the sign of the shift:
+// y = d * (2s + 1) * (grid + delta), delta = -0.125 if bit 15 else +0.125.
+struct block_iq1_s {
+  uint16_t d;
+  uint8_t qs[QK_K / 8];
+  uint16_t qh[QK_K / 32];
+};
+// IQ1_M (1.75 bpw): no stored d; the F16 super-scale is the top nibbles of
+// the four 16-bit scale words w[k] = scales[2k] | scales[2k+1] << 8:
+// d bits = w0 >> 12 | (w1 >> 8 & 0xF0) | (w2 >> 4 & 0xF00) | (w3 & 0xF000).
+// Group l of sub-block ib indexes kIq1s with qs[4ib + l] | 3 bits of
+// qh[2ib + l / 2] at 4 (l % 2) << 8; bit 3 + 4 (l % 2) of that byte is the
+// shift's sign. The 3-bit scales of groups 0-1 and 2-3 are bits
+// 6 (ib % 2) and 6 (ib % 2) + 3 of w[ib / 2]: y = d * (2s + 1) * (grid + delta).
+struct block_iq1_m {
+  uint8_t qs[QK_K / 8];
+  uint8_t qh[QK_K / 16];
+  uint8_t scales[QK_K / 32];
+};
+// TQ1_0 (1.69 bpw, ternary): 5 trits per byte of qs (48 bytes: 240 elements)
+// and 4 per byte of qh (16). Trit n of byte q is ((uint8_t)(q * 3^n) * 3) >> 8
+// (the byte is a base-3 fraction, most significant trit first); y = d * (t - 1).
+// Element order: for the first 32 bytes of qs, trit n of byte m is element
+// 32n + m; for the last 16, element 160 + 16n + m; for qh, element 240 + 4n + j.
+struct block_tq1_0 {
+  uint8_t qs[(QK_K - 4 * QK_K / 64) / 5];
+  uint8_t qh[QK_K / 64];
+  uint16_t d;
+};
+// TQ2_0 (2.06 bpw, ternary): 2 bits per element, value q - 1 in {-1, 0, 1}:
+// element 128h + 32k + m is bits 2k, 2k + 1 of qs[32h + m]; y = d * (q - 1).
+struct block_tq2_0 {
+  uint8_t qs[QK_K / 4];
+  uint16_t d;
+};
+// The sign byte of a 7-bit IQ2_XXS / IQ2_XS / IQ3_XXS sign field: bit 7 makes
+// the parity even.
+constexpr uint8_t iq_sign_byte(uint32_t v7) {
+  const uint32_t v = v7 & 127;
+  uint32_t p = v;
+  p ^= p >> 4;
+  p ^= p >> 2;
+  p ^= p >> 1;
+  return (uint8_t)(v | (p & 1) << 7);
+}
+
+static_assert(sizeof(block_iq2_xxs) == 66 && sizeof(block_iq2_xs) == 74 && sizeof(block_iq2_s) == 82);
+static_assert(sizeof(block_iq3_xxs) == 98 && sizeof(block_iq3_s) == 110);
+static_assert(sizeof(block_iq1_s) == 50 && sizeof(block_iq1_m) == 56);
+static_assert(sizeof(block_tq1_0) == 54 && sizeof(block_tq2_0) == 66);
+
+
 // The DType each block struct encodes, and its elements per block (tests check
 // these against dtype_traits()).
 template <typename B> struct BlockOf;
@@ -215,5 +324,14 @@ template <> struct BlockOf<block_q4_K> { static constexpr DType type = DType::q4
 template <> struct BlockOf<block_q5_K> { static constexpr DType type = DType::q5_k; static constexpr int qk = QK_K; };
 template <> struct BlockOf<block_q6_K> { static constexpr DType type = DType::q6_k; static constexpr int qk = QK_K; };
 template <> struct BlockOf<block_iq4_xs> { static constexpr DType type = DType::iq4_xs; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_iq2_xxs> { static constexpr DType type = DType::iq2_xxs; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_iq2_xs> { static constexpr DType type = DType::iq2_xs; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_iq2_s> { static constexpr DType type = DType::iq2_s; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_iq3_xxs> { static constexpr DType type = DType::iq3_xxs; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_iq3_s> { static constexpr DType type = DType::iq3_s; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_iq1_s> { static constexpr DType type = DType::iq1_s; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_iq1_m> { static constexpr DType type = DType::iq1_m; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_tq1_0> { static constexpr DType type = DType::tq1_0; static constexpr int qk = QK_K; };
+template <> struct BlockOf<block_tq2_0> { static constexpr DType type = DType::tq2_0; static constexpr int qk = QK_K; };
 
 }  // namespace serval

@@ -27,13 +27,23 @@ bool can_dequantize(DType t) {
     case DType::q4_0: case DType::q4_1: case DType::q5_0: case DType::q5_1: case DType::q8_0:
     case DType::q2_k: case DType::q3_k: case DType::q4_k: case DType::q5_k: case DType::q6_k:
     case DType::iq4_nl: case DType::iq4_xs: case DType::mxfp4:
+    case DType::iq2_xxs: case DType::iq2_xs: case DType::iq2_s: case DType::iq3_xxs: case DType::iq3_s:
+    case DType::iq1_s: case DType::iq1_m: case DType::tq1_0: case DType::tq2_0:
       return true;
     default:
       return false;
   }
 }
 
-bool can_quantize(DType t) { return can_dequantize(t); }
+bool can_quantize(DType t) {
+  switch (t) {
+    case DType::iq2_xxs: case DType::iq2_xs: case DType::iq2_s: case DType::iq3_xxs: case DType::iq3_s:
+    case DType::iq1_s: case DType::iq1_m: case DType::tq1_0: case DType::tq2_0:
+      return false;  // dequantized (loaded and run), not written yet
+    default:
+      return can_dequantize(t);
+  }
+}
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   using namespace detail;
@@ -63,6 +73,15 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::q5_k: dequantize_q5_K(static_cast<const block_q5_K*>(src), dst, nb); return;
     case DType::q6_k: dequantize_q6_K(static_cast<const block_q6_K*>(src), dst, nb); return;
     case DType::iq4_xs: dequantize_iq4_xs(static_cast<const block_iq4_xs*>(src), dst, nb); return;
+    case DType::iq2_xxs: dequantize_iq2_xxs(static_cast<const block_iq2_xxs*>(src), dst, nb); return;
+    case DType::iq2_xs: dequantize_iq2_xs(static_cast<const block_iq2_xs*>(src), dst, nb); return;
+    case DType::iq2_s: dequantize_iq2_s(static_cast<const block_iq2_s*>(src), dst, nb); return;
+    case DType::iq3_xxs: dequantize_iq3_xxs(static_cast<const block_iq3_xxs*>(src), dst, nb); return;
+    case DType::iq3_s: dequantize_iq3_s(static_cast<const block_iq3_s*>(src), dst, nb); return;
+    case DType::iq1_s: dequantize_iq1_s(static_cast<const block_iq1_s*>(src), dst, nb); return;
+    case DType::iq1_m: dequantize_iq1_m(static_cast<const block_iq1_m*>(src), dst, nb); return;
+    case DType::tq1_0: dequantize_tq1_0(static_cast<const block_tq1_0*>(src), dst, nb); return;
+    case DType::tq2_0: dequantize_tq2_0(static_cast<const block_tq2_0*>(src), dst, nb); return;
     default: SERVAL_ASSERT(!"dequantize_row: unsupported type (check can_dequantize)");
   }
 }

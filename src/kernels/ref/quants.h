@@ -16,8 +16,9 @@
 
 namespace serval::ref {
 
-// True for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K,
-// Q5_K, Q6_K, IQ4_NL.
+// True for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K,
+// IQ4_NL, IQ4_XS, MXFP4, the lattice types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS,
+// IQ2_S, IQ3_XXS, IQ3_S and the ternary TQ1_0, TQ2_0.
 bool can_dequantize(DType t);
 
 // dst[0..n) = the exact values the format encodes (F16 scales widened exactly,
@@ -25,7 +26,8 @@ bool can_dequantize(DType t);
 // scale factor). Requires can_dequantize(t).
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
-// True for every type can_dequantize() accepts.
+// True for every type can_dequantize() accepts but the lattice (IQ1/IQ2/IQ3)
+// and ternary (TQ) types, which are read, not written.
 bool can_quantize(DType t);
 
 // Writes row_size(t, n) bytes at dst. Requires can_quantize(t).

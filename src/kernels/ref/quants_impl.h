@@ -24,6 +24,21 @@ void dequantize_q5_K(const block_q5_K* x, float* y, int64_t nb);
 void dequantize_q6_K(const block_q6_K* x, float* y, int64_t nb);
 void dequantize_iq4_xs(const block_iq4_xs* x, float* y, int64_t nb);
 
+// dequantize_iq.cpp
+void dequantize_iq2_xxs(const block_iq2_xxs* x, float* y, int64_t nb);
+void dequantize_iq2_xs(const block_iq2_xs* x, float* y, int64_t nb);
+void dequantize_iq2_s(const block_iq2_s* x, float* y, int64_t nb);
+void dequantize_iq3_xxs(const block_iq3_xxs* x, float* y, int64_t nb);
+void dequantize_iq3_s(const block_iq3_s* x, float* y, int64_t nb);
+void dequantize_iq1_s(const block_iq1_s* x, float* y, int64_t nb);
+void dequantize_iq1_m(const block_iq1_m* x, float* y, int64_t nb);
+void dequantize_tq1_0(const block_tq1_0* x, float* y, int64_t nb);
+void dequantize_tq2_0(const block_tq2_0* x, float* y, int64_t nb);
+// Trit n (0..4) of a TQ1_0 byte, 0..2.
+int tq1_trit(uint8_t q, int n);
+// The F16 super-scale bits of an IQ1_M block.
+uint16_t iq1_m_scale_bits(const block_iq1_m& b);
+
 // Unpacks the 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block.
 void unpack_scale_min_k4(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m);
 // Unpacks the 16 six-bit (biased by 32) scales of a q3_K block, as signed values.
