@@ -32,6 +32,6 @@ export SERVAL_SOAK_SECONDS="${SERVAL_SOAK_SECONDS:-15}"
 # check, while the same accept/reject code runs here in the other SpecEngine
 # and speculative sampler tests).
 ctest --preset fuzz -j"$(nproc)" -LE network \
-  -E 'MiniFormatsTeacherForcedMatchLlamaCpp|SpecEngine.SampledDistributionMatchesTarget' "$@" |
+  -E 'MiniFormatsTeacherForcedMatchLlamaCpp|MiniIqFormatsTeacherForcedMatchLlamaCpp|IqFormatsTeacherForcedMatchLlamaCppAtEveryLevel|SpecEngine.SampledDistributionMatchesTarget' "$@" |
   tee build-fuzz/ctest-sanitize.log
 ./scripts/slowest-tests.sh build-fuzz/ctest-sanitize.log

@@ -108,6 +108,21 @@ Weights random_weights(DType t, int64_t rows, int64_t cols, uint64_t seed) {
         case DType::q3_k: put16(blk + 108, f16(-0.002, 0.002)); break;
         case DType::iq4_xs: put16(blk, f16(-0.0005, 0.0005)); break;
         case DType::q2_k: put16(blk + 80, f16(0.0, 0.004)); put16(blk + 82, f16(0.0, 0.004)); break;
+        case DType::iq2_xxs: case DType::iq2_xs: case DType::iq2_s: case DType::iq3_xxs: case DType::iq3_s:
+        case DType::iq1_s:
+          put16(blk, f16(-0.002, 0.002));
+          break;
+        case DType::iq1_m: {  // the F16 super-scale sits in the top nibbles of the 4 scale words
+          const uint16_t d = f16(-0.002, 0.002);
+          for (int k = 0; k < 4; ++k) {
+            uint16_t w16;
+            std::memcpy(&w16, blk + 48 + 2 * k, 2);
+            put16(blk + 48 + 2 * k, (uint16_t)((w16 & 0x0FFF) | ((d >> (4 * k)) & 0xF) << 12));
+          }
+          break;
+        }
+        case DType::tq1_0: put16(blk + 52, f16(-0.02, 0.02)); break;
+        case DType::tq2_0: put16(blk + 64, f16(-0.02, 0.02)); break;
         case DType::f16: put16(blk, f16(-1, 1)); break;
         case DType::bf16: put16(blk, fp32_to_bf16((float)(2 * r.uniform() - 1))); break;
         case DType::f32: {
@@ -139,6 +154,8 @@ int64_t act_block(DType t) {
     case DType::mxfp4:
       return 32;
     case DType::q2_k: case DType::q3_k: case DType::q4_k: case DType::q5_k: case DType::q6_k: case DType::iq4_xs:
+    case DType::iq2_xxs: case DType::iq2_xs: case DType::iq2_s: case DType::iq3_xxs: case DType::iq3_s:
+    case DType::iq1_s: case DType::iq1_m: case DType::tq1_0: case DType::tq2_0:
       return 256;
     default: return 0;  // F32 activations
   }
@@ -409,6 +426,51 @@ TEST_F(KernelLevels, RandomBlocksMatchReferenceAndAcrossLevels) {
         std::vector<float> x1(x.begin() + 2 * cols, x.begin() + 3 * cols);
         const auto y1 = run(w, x1, 1);
         EXPECT_EQ(std::memcmp(y1.data(), y.data() + 2 * w.rows, (size_t)w.rows * 4), 0) << dtype_name(t);
+      }
+    }
+  }
+}
+
+// The lattice (IQ1/IQ2/IQ3) and ternary (TQ) types, read from files but not
+// written by serval's quantizer: random bytes in every field (every grid
+// index, sign and scale). Every level within the format bound of the exact
+// dot and within 1e-6 of the quantized-activation model; the SIMD levels bit
+// for bit alike; each row's result the same alone, among 16 and over 1, 2 or
+// 3 threads.
+const DType kIqTypes[] = {DType::iq2_xxs, DType::iq2_xs, DType::iq2_s, DType::iq3_xxs, DType::iq3_s,
+                          DType::iq1_s,   DType::iq1_m,  DType::tq1_0, DType::tq2_0};
+
+TEST_F(KernelLevels, IqTypesMatchReferenceAndAreBatchInvariant) {
+  ThreadPool pool2(2), pool3(3);
+  for (DType t : kIqTypes) {
+    const int64_t cols = 768, rows = 37;
+    const Weights w = random_weights(t, rows, cols, 5 + (uint64_t)t);
+    const auto x = activations(16, cols, 19);
+    std::vector<float> first;
+    for (Isa isa : levels()) {
+      ASSERT_EQ(kernels::set_isa(isa), isa);
+      EXPECT_EQ(kernels::has_fast_matmul(t), isa != Isa::ref) << dtype_name(t);
+      const auto y = run(w, x, 16);
+      double worst = 0;
+      check_against_ref(w, x, 16, y, isa, &worst);
+      if (HasFatalFailure()) return;
+      if (isa == Isa::ref) continue;
+      EXPECT_GT(worst, 0.02) << dtype_name(t);  // the activation rounding shows: the bound is not vacuous
+      std::printf("  %-10s %-7s max |err| / bound = %.3f\n", isa_name(isa), std::string(dtype_name(t)).c_str(), worst);
+      if (first.empty()) first = y;
+      else EXPECT_EQ(y, first) << dtype_name(t) << " " << isa_name(isa);
+      EXPECT_EQ(run(w, x, 16, &pool2), y) << dtype_name(t) << " " << isa_name(isa);
+      EXPECT_EQ(run(w, x, 16, &pool3), y) << dtype_name(t) << " " << isa_name(isa);
+      for (int64_t i : {0, 7, 15}) {
+        std::vector<float> x1(x.begin() + i * cols, x.begin() + (i + 1) * cols);
+        const auto y1 = run(w, x1, 1);
+        EXPECT_EQ(std::memcmp(y1.data(), y.data() + i * rows, (size_t)rows * 4), 0)
+            << dtype_name(t) << " " << isa_name(isa) << " n=1 row " << i;
+        std::vector<float> x3(x.begin() + 3 * cols, x.begin() + 5 * cols);
+        x3.insert(x3.end(), x1.begin(), x1.end());
+        const auto y3 = run(w, x3, 3, &pool2);
+        EXPECT_EQ(std::memcmp(y3.data() + 2 * rows, y.data() + i * rows, (size_t)rows * 4), 0)
+            << dtype_name(t) << " " << isa_name(isa) << " n=3 row " << i;
       }
     }
   }

@@ -40,3 +40,29 @@ TEST(FormatsForward, EverySimdLevelTeacherForcedMatchesLlamaCpp) {
     }
   }
 }
+
+// The importance-matrix files of ../shared/golden/mini-formats-iq.json
+// (IQ1_S .. IQ4_XS, Q3_K_S/M by ik_llama.cpp's quantizer; TQ1_0, TQ2_0 by
+// llama.cpp's), at every level this CPU runs (ref: the F32-activation path of
+// the batched forward), prefill in one step: 3-bit and wider within mean 0.08
+// / max 0.4, the 1- and 2-bit (and ternary) types within 0.15 / 0.8.
+TEST(FormatsForward, IqFormatsTeacherForcedMatchLlamaCppAtEveryLevel) {
+  std::ifstream in(kShared + "/golden/mini-formats-iq.json");
+  const auto golden = nlohmann::json::parse(in);
+  ASSERT_GE(golden.size(), 12u);
+  test::IsaGuard guard;
+  for (Isa isa : test::available_isa_levels()) {
+    ASSERT_EQ(kernels::set_isa(isa), isa);
+    for (const auto& [file, cases] : golden.items()) {
+      auto model = Model::load(kShared + "/models/mini/" + file);
+      ASSERT_TRUE(model.ok()) << file << ": " << model.status().message();
+      const test::TeacherForced r = test::teacher_forced(**model, KvType::f32, cases);
+      std::printf("%-10s %-24s mean |d logprob| %.4f  max %.4f  greedy agreement %d/%d\n", isa_name(isa),
+                  file.c_str(), r.mean, r.max, r.agree, r.total);
+      const bool low_bit = file.find("IQ1") != std::string::npos || file.find("IQ2") != std::string::npos ||
+                           file.find("TQ") != std::string::npos;
+      EXPECT_LE(r.mean, low_bit ? 0.15 : 0.08) << file << " at " << isa_name(isa);
+      EXPECT_LE(r.max, low_bit ? 0.8 : 0.4) << file << " at " << isa_name(isa);
+    }
+  }
+}

@@ -78,15 +78,16 @@ TEST(ReferenceForward, Stories260KGreedyMatchesLlamaCpp) {
               (long long)diff.n);
 }
 
-// Teacher forcing on every mini model and prompt: our log-probabilities of
-// llama.cpp's top-5 candidates, within the bounds per format.
-TEST(ReferenceForward, MiniFormatsTeacherForcedMatchLlamaCpp) {
-  const json golden = load_json(kShared + "/golden/mini-formats.json");
-  ASSERT_GE(golden.size(), 10u);
+// Teacher forcing on every mini model and prompt of `golden_file`: our
+// log-probabilities of llama.cpp's top-5 candidates, within bound(file) =
+// {mean, max}.
+void teacher_force_mini(const std::string& golden_file, size_t min_files,
+                        std::pair<double, double> (*bound)(const std::string& file)) {
+  const json golden = load_json(kShared + "/golden/" + golden_file);
+  ASSERT_GE(golden.size(), min_files);
   for (const auto& [file, cases] : golden.items()) {
     auto model = Model::load(kShared + "/models/mini/" + file);
     ASSERT_TRUE(model.ok()) << file << ": " << model.status().message();
-    const bool is_f16 = file.find("F16") != std::string::npos;
     Diff diff;
     int greedy_agree = 0, greedy_total = 0;
     for (const auto& c : cases) {
@@ -107,14 +108,26 @@ TEST(ReferenceForward, MiniFormatsTeacherForcedMatchLlamaCpp) {
     }
     std::printf("%-24s mean |d logprob| %.4f  max %.4f  greedy agreement %d/%d\n", file.c_str(), diff.mean(),
                 diff.max, greedy_agree, greedy_total);
-    if (is_f16) {
-      EXPECT_LE(diff.mean(), 0.005) << file;
-      EXPECT_LE(diff.max, 0.03) << file;
-    } else {
-      EXPECT_LE(diff.mean(), 0.08) << file;
-      EXPECT_LE(diff.max, 0.4) << file;
-    }
+    const auto [mean_bound, max_bound] = bound(file);
+    EXPECT_LE(diff.mean(), mean_bound) << file;
+    EXPECT_LE(diff.max, max_bound) << file;
   }
+}
+
+TEST(ReferenceForward, MiniFormatsTeacherForcedMatchLlamaCpp) {
+  teacher_force_mini("mini-formats.json", 10, [](const std::string& file) {
+    return file.find("F16") != std::string::npos ? std::pair{0.005, 0.03} : std::pair{0.08, 0.4};
+  });
+}
+
+// The importance-matrix IQ/TQ/Q3_K files: 3-bit and wider within 0.08 / 0.4,
+// the 1- and 2-bit and ternary types within 0.15 / 0.8.
+TEST(ReferenceForward, MiniIqFormatsTeacherForcedMatchLlamaCpp) {
+  teacher_force_mini("mini-formats-iq.json", 12, [](const std::string& file) {
+    const bool low_bit = file.find("IQ1") != std::string::npos || file.find("IQ2") != std::string::npos ||
+                         file.find("TQ") != std::string::npos;
+    return low_bit ? std::pair{0.15, 0.8} : std::pair{0.08, 0.4};
+  });
 }
 
 TEST(ReferenceForward, RejectsOutOfRangeTokensAndFullContext) {
