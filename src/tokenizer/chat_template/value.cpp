@@ -312,7 +312,7 @@ void repr_into(std::string& out, const Value& v, int depth) {
 
 }  // namespace
 
-ReprGuard::ReprGuard(const void* obj) : obj_(obj) {
+ReprGuard::ReprGuard(const void* obj) {
   recursive_ = std::find(t_repr_active.begin(), t_repr_active.end(), obj) != t_repr_active.end();
   if (!recursive_) t_repr_active.push_back(obj);
 }

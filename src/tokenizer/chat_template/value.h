@@ -203,8 +203,7 @@ class ReprGuard {
   bool recursive() const { return recursive_; }
 
  private:
-  const void* obj_;
-  bool recursive_;
+  bool recursive_;  // (guards nest: the destructor pops the innermost entry)
 };
 
 // The error message jinja2 gives for an operation on an undefined value.
