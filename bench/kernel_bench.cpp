@@ -73,9 +73,32 @@ std::shared_ptr<Matrix> make_matrix(DType t, int64_t rows, int64_t cols) {
   std::vector<float> src((size_t)cols);
   std::vector<uint8_t> distinct(stride * 64);
   uint64_t s = 1;
-  for (int r = 0; r < 64; ++r) {
-    for (auto& v : src) v = (float)(((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5) * 0.1);
-    ref::quantize_row(t, src.data(), distinct.data() + (size_t)r * stride, cols);
+  if (ref::can_quantize(t)) {
+    for (int r = 0; r < 64; ++r) {
+      for (auto& v : src) v = (float)(((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5) * 0.1);
+      ref::quantize_row(t, src.data(), distinct.data() + (size_t)r * stride, cols);
+    }
+  } else {
+    // Types serval reads but does not write (IQ1/IQ2/IQ3, TQ): random bytes
+    // (every grid index and sign: the decode cost does not depend on the
+    // values) with a small F16 super-scale patched in.
+    for (auto& b : distinct) b = (uint8_t)mix(++s);
+    const auto tr = *dtype_traits(t);
+    const uint16_t d = 0x1400;  // 2^-10
+    for (size_t at = 0; at + tr.type_size <= distinct.size(); at += tr.type_size) {
+      uint8_t* blk = distinct.data() + at;
+      if (t == DType::iq1_m) {  // the super-scale is the top nibbles of the 4 scale words
+        for (int k = 0; k < 4; ++k) {
+          uint16_t w;
+          std::memcpy(&w, blk + 48 + 2 * k, 2);
+          w = (uint16_t)((w & 0x0FFF) | ((d >> (4 * k)) & 0xF) << 12);
+          std::memcpy(blk + 48 + 2 * k, &w, 2);
+        }
+      } else {
+        const size_t d_at = t == DType::tq1_0 ? 52 : t == DType::tq2_0 ? 64 : 0;
+        std::memcpy(blk + d_at, &d, 2);
+      }
+    }
   }
   for (int c = 0; c < m->copies; ++c)
     for (int64_t r = 0; r < rows; ++r)
@@ -153,7 +176,9 @@ int register_all() {
   const Isa isas[] = {Isa::ref, Isa::avx2, Isa::avx2vnni, Isa::avx512, Isa::avx512vnni};
   const DType types[] = {DType::q4_0, DType::q8_0, DType::iq4_nl, DType::q4_1, DType::q5_0,
                          DType::q5_1, DType::q2_k, DType::q3_k,   DType::q4_k, DType::q5_k,
-                         DType::q6_k, DType::iq4_xs, DType::f16,  DType::bf16, DType::f32};
+                         DType::q6_k, DType::iq4_xs, DType::f16,  DType::bf16, DType::f32,
+                         DType::iq2_xxs, DType::iq2_xs, DType::iq2_s, DType::iq3_xxs, DType::iq3_s,
+                         DType::iq1_s, DType::iq1_m, DType::tq1_0, DType::tq2_0};
   struct Shape {
     int64_t rows, cols;
   };

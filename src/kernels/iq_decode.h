@@ -174,4 +174,20 @@ inline float iq_decode(const block_tq2_0& b, int8_t* q, int8_t* sc) {
   return fp16_to_fp32(b.d);
 }
 
+// One super-block decoded (for n > 1: a panel of rows is decoded once, then
+// every activation tile reads it; the integers are iq_decode's, so results
+// equal the direct path bit for bit).
+struct alignas(64) IqDecodedSb {
+  int8_t q[256];
+  int8_t sc[16];
+  float d;
+  uint8_t pad[44];
+};
+static_assert(sizeof(IqDecodedSb) == 320);
+
+template <class Blk>
+inline void iq_decode_sb(const Blk& b, IqDecodedSb* out) {
+  out->d = iq_decode(b, out->q, out->sc);
+}
+
 }  // namespace serval::kernels::detail
