@@ -57,6 +57,9 @@ const std::vector<FileType>& file_types() {
       {"Q5_0", 8, DType::q5_0, "5-bit, blocks of 32, symmetric"},
       {"Q5_1", 9, DType::q5_1, "5-bit, blocks of 32, scale and min"},
       {"Q2_K", 10, DType::q2_k, "Q2_K, attn_v/attn_output/ffn_down in Q3_K"},
+      {"Q3_K_S", 11, DType::q3_k, "Q3_K"},
+      {"Q3_K_M", 12, DType::q3_k, "Q3_K, attn_v in Q5_K/Q4_K, ffn_down and attn_output in Q4_K"},
+      {"Q3_K_L", 13, DType::q3_k, "Q3_K, attn_v/ffn_down/attn_output in Q5_K"},
       {"Q4_K_S", 14, DType::q4_k, "Q4_K, a few attn_v/ffn_down in Q5_K"},
       {"Q4_K_M", 15, DType::q4_k, "Q4_K, half of attn_v/ffn_down in Q6_K"},
       {"Q5_K_S", 16, DType::q5_k, "Q5_K"},
@@ -75,15 +78,24 @@ std::optional<FileType> find_file_type(std::string_view name) {
   std::string want = upper(name);
   if (want == "Q4_K") want = "Q4_K_M";
   if (want == "Q5_K") want = "Q5_K_M";
+  if (want == "Q3_K") want = "Q3_K_M";
   for (const auto& t : file_types())
     if (t.name == want) return t;
   return std::nullopt;
 }
 
+bool is_read_only_file_type(std::string_view name) {
+  const std::string want = upper(name);
+  for (const char* n : {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M",
+                        "TQ1_0", "TQ2_0"})
+    if (want == n) return true;
+  return false;
+}
+
 std::string file_type_names() {
   std::string s;
   for (const auto& t : file_types()) s += (s.empty() ? "" : ", ") + std::string(t.name);
-  return s + " (Q4_K, Q5_K: aliases of Q4_K_M, Q5_K_M)";
+  return s + " (Q3_K, Q4_K, Q5_K: aliases of Q3_K_M, Q4_K_M, Q5_K_M)";
 }
 
 bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
@@ -108,7 +120,7 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
   const bool mixes = !is_float_type(ft.base);
   const uint32_t f = ft.ftype;
   const bool q4_k_m = f == 15, q5_k_m = f == 17, q4_k_s = f == 14, iq4_nl = f == 25 || f == 30;  // IQ4_NL, IQ4_XS
-  const bool q2_k = f == 10;
+  const bool q2_k = f == 10, q3_k_m = f == 12, q3_k_l = f == 13;
 
   std::vector<TensorPlan> plans;
   plans.reserve(src.tensors().size());
@@ -131,12 +143,16 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
         type = DType::q8_0;
       } else if (contains(t.name, "attn_v.weight")) {
         if (q2_k) type = n_gqa >= 4 ? DType::q4_k : DType::q3_k;
+        else if (q3_k_m) type = il >= 0 && il < 2 ? DType::q5_k : DType::q4_k;
+        else if (q3_k_l) type = DType::q5_k;
         else if (iq4_nl && n_gqa >= 4) type = DType::q5_k;
         else if ((q4_k_m || q5_k_m) && il >= 0 && use_more_bits(il, n_attn_v)) type = DType::q6_k;
         else if (q4_k_s && il >= 0 && il < 4) type = DType::q5_k;
       } else if (contains(t.name, "ffn_down")) {
         const bool first_eighth = il >= 0 && il < n_ffn_down / 8;
         if (q2_k) type = DType::q3_k;
+        else if (q3_k_m) type = il >= 0 && il < n_ffn_down / 16 ? DType::q5_k : DType::q4_k;
+        else if (q3_k_l) type = DType::q5_k;
         else if ((q4_k_m || q5_k_m) && il >= 0 && use_more_bits(il, n_ffn_down)) type = DType::q6_k;
         else if (iq4_nl && first_eighth && !has_imatrix) type = DType::q5_k;
         else if (q4_k_s && first_eighth) type = DType::q5_k;
@@ -144,6 +160,12 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& src, const FileType& 
       } else if (contains(t.name, "attn_output.weight")) {
         if (eight_experts && (q2_k || q4_k_s || q4_k_m || iq4_nl || f == 11 || f == 12 || f == 13)) type = DType::q5_k;
         else if (q2_k) type = DType::q3_k;
+        else if (q3_k_m) type = DType::q4_k;
+        else if (q3_k_l) type = DType::q5_k;
+      } else if (contains(t.name, "attn_qkv.weight")) {
+        if (q3_k_m || q3_k_l) type = DType::q4_k;
+        else if (q4_k_m) type = DType::q5_k;
+        else if (q5_k_m) type = DType::q6_k;
       }
     }
     if (nx % block_of(type) != 0) {

@@ -13,6 +13,10 @@
 //    -> Q5_K. IQ4_NL, IQ4_XS: attn_v -> Q5_K when n_head / n_head_kv >= 4; without
 //    an imatrix, ffn_down of the first eighth -> Q5_K. Q2_K: attn_v -> Q3_K
 //    (Q4_K when n_head / n_head_kv >= 4), ffn_down and attn_output -> Q3_K.
+//    Q3_K_M: attn_v of layers 0-1 -> Q5_K, the rest Q4_K; ffn_down -> Q4_K
+//    (Q5_K in the first sixteenth), attn_output -> Q4_K. Q3_K_L: attn_v,
+//    ffn_down, attn_output -> Q5_K. Fused attn_qkv: Q3_K_M/L -> Q4_K, Q4_K_M
+//    -> Q5_K, Q5_K_M -> Q6_K.
 //    Q4_0 / Q5_0 with an
 //    imatrix: ffn_down of the first eighth -> Q4_1 / Q5_1.
 //  - Row-length fallback: a tensor whose row length (ne[0]) is not a multiple
@@ -48,6 +52,10 @@ struct FileType {
 const std::vector<FileType>& file_types();
 // Case-insensitive; "Q4_K" and "Q5_K" are llama-quantize's aliases of Q4_K_M / Q5_K_M.
 std::optional<FileType> find_file_type(std::string_view name);
+// True for llama-quantize's names of the mixes serval loads but does not write
+// (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS, IQ3_S, IQ3_M,
+// TQ1_0, TQ2_0), case-insensitive.
+bool is_read_only_file_type(std::string_view name);
 // "Q8_0, Q4_0, ..." for error messages.
 std::string file_type_names();
 

@@ -89,6 +89,9 @@ TEST(QuantPolicy, FileTypeNames) {
   EXPECT_EQ(find_file_type("IQ4_NL")->ftype, 25u);
   EXPECT_EQ(find_file_type("iq4_xs")->ftype, 30u);
   EXPECT_EQ(find_file_type("Q2_K")->ftype, 10u);
+  EXPECT_EQ(find_file_type("q3_k_s")->ftype, 11u);
+  EXPECT_EQ(find_file_type("Q3_K")->ftype, 12u);  // alias of Q3_K_M
+  EXPECT_EQ(find_file_type("Q3_K_L")->ftype, 13u);
   EXPECT_FALSE(find_file_type("Q9_9").has_value());
   EXPECT_FALSE(find_file_type("").has_value());
 }
@@ -99,7 +102,7 @@ TEST(QuantPolicy, FileTypeNames) {
 // the _M mixes, attn_v/attn_output/ffn_down in Q3_K for Q2_K, norms F32, ...).
 TEST(QuantPolicy, MatchesLlamaCppOnTheMiniModel) {
   const gguf::GgufFile src = open_or_die(kMini + "F16.gguf");
-  for (const char* name : {"Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "Q2_K"}) {
+  for (const char* name : {"Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_XS"}) {
     const gguf::GgufFile ref = open_or_die(kMini + name + ".gguf");
     const auto ft = find_file_type(name);
     ASSERT_TRUE(ft.has_value());

@@ -310,6 +310,7 @@ TEST(Cli, QuantizeImatrixPerplexity) {
 
   expect_usage_error("perplexity -m " + kStories + " -f " + text + " --kv-type q8_0", "multiple of 32");
   expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf Q9_9", "unknown type 'Q9_9' (valid: Q8_0");
+  expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf iq2_xs", "read and run by serval but not written");
   expect_usage_error("quantize " + q8 + " " + dir + "_x.gguf Q4_0", "already quantized");
   expect_usage_error("quantize /nonexistent.gguf " + dir + "_x.gguf Q4_0", "no such file");
   expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf Q4_0 --imatrix /nonexistent.dat", "no such file");
