@@ -36,6 +36,13 @@ inline constexpr std::array<uint64_t, 256> kIqSignMask = [] {
   return t;
 }();
 
+// The sign byte of each 7-bit sign field (iq_sign_byte), looked up.
+inline constexpr std::array<uint8_t, 128> kIqSign7 = [] {
+  std::array<uint8_t, 128> t{};
+  for (uint32_t v = 0; v < 128; ++v) t[v] = iq_sign_byte(v);
+  return t;
+}();
+
 // Grid bytes (all >= 1) negated where the mask byte is 0xFF: -g = (g ^ 0xFF) + 1,
 // and no byte carries since g >= 1.
 inline uint64_t iq_apply_signs(uint64_t g, uint64_t m) { return (g ^ m) + (m & 0x0101010101010101ull); }

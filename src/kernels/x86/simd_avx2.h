@@ -265,6 +265,41 @@ struct Avx2 {
   }
   static SERVAL_SIMD_INLINE I srl4(I v) { return {_mm256_srli_epi16(v.lo, 4), _mm256_srli_epi16(v.hi, 4)}; }
   static SERVAL_SIMD_INLINE I load64(const uint8_t* p) { return iload(p); }
+  // ---- lattice (IQ) grids: 64 bytes of grid entries, signs by bit mask -------
+  // (The same bytes as simd_avx512.h's.)
+  static SERVAL_SIMD_INLINE I gather_u64_idx8(const uint64_t* grid, uint64_t idx8) {
+    const long long* g = (const long long*)grid;
+    return {_mm256_i64gather_epi64(g, _mm256_cvtepu8_epi64(_mm_cvtsi32_si128((int)(uint32_t)idx8)), 8),
+            _mm256_i64gather_epi64(g, _mm256_cvtepu8_epi64(_mm_cvtsi32_si128((int)(uint32_t)(idx8 >> 32))), 8)};
+  }
+  static SERVAL_SIMD_INLINE I gather_u64_idx16(const uint64_t* grid, __m128i idx16) {
+    const long long* g = (const long long*)grid;
+    return {_mm256_i64gather_epi64(g, _mm256_cvtepu16_epi64(idx16), 8),
+            _mm256_i64gather_epi64(g, _mm256_cvtepu16_epi64(_mm_srli_si128(idx16, 8)), 8)};
+  }
+  static SERVAL_SIMD_INLINE I gather_u32_idx8(const uint32_t* grid, __m128i idx8) {
+    const int* g = (const int*)grid;
+    return {_mm256_i32gather_epi32(g, _mm256_cvtepu8_epi32(idx8), 4),
+            _mm256_i32gather_epi32(g, _mm256_cvtepu8_epi32(_mm_srli_si128(idx8, 8)), 4)};
+  }
+  static SERVAL_SIMD_INLINE I gather_u32_idx16(const uint32_t* grid, __m256i idx16) {
+    const int* g = (const int*)grid;
+    return {_mm256_i32gather_epi32(g, _mm256_cvtepu16_epi32(_mm256_castsi256_si128(idx16)), 4),
+            _mm256_i32gather_epi32(g, _mm256_cvtepu16_epi32(_mm256_extracti128_si256(idx16, 1)), 4)};
+  }
+  // 32 bits -> 32 bytes of 0xFF (bit set) / 0.
+  static SERVAL_SIMD_INLINE __m256i bits_to_bytes(uint32_t m) {
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), shuf);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+  }
+  static SERVAL_SIMD_INLINE I neg_bytes(I v, uint64_t m) {
+    const __m256i lo = bits_to_bytes((uint32_t)m), hi = bits_to_bytes((uint32_t)(m >> 32));
+    return {_mm256_sub_epi8(_mm256_xor_si256(v.lo, lo), lo), _mm256_sub_epi8(_mm256_xor_si256(v.hi, hi), hi)};
+  }
+
   // ---- packed K-quant (X16) pieces: one i32 lane per weight row ---------------
   static SERVAL_SIMD_INLINE I imul_lanes(I a, I b) {
     return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)};

@@ -291,6 +291,26 @@ struct Avx512 {
   }
   static SERVAL_SIMD_INLINE I and8(I v, char mask) { return _mm512_and_si512(v, _mm512_set1_epi8(mask)); }
   static SERVAL_SIMD_INLINE I srl4(I v) { return _mm512_srli_epi16(v, 4); }
+  // ---- lattice (IQ) grids: 64 bytes of grid entries, signs by bit mask -------
+  // 8 entries of a u64 grid: indices as 8 bytes of idx8 / 8 u16 lanes of idx16.
+  static SERVAL_SIMD_INLINE I gather_u64_idx8(const uint64_t* grid, uint64_t idx8) {
+    return _mm512_i64gather_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128((long long)idx8)), grid, 8);
+  }
+  static SERVAL_SIMD_INLINE I gather_u64_idx16(const uint64_t* grid, __m128i idx16) {
+    return _mm512_i64gather_epi64(_mm512_cvtepu16_epi64(idx16), grid, 8);
+  }
+  // 16 entries of a u32 grid: indices as 16 bytes / 16 u16 lanes.
+  static SERVAL_SIMD_INLINE I gather_u32_idx8(const uint32_t* grid, __m128i idx8) {
+    return _mm512_i32gather_epi32(_mm512_cvtepu8_epi32(idx8), grid, 4);
+  }
+  static SERVAL_SIMD_INLINE I gather_u32_idx16(const uint32_t* grid, __m256i idx16) {
+    return _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(idx16), grid, 4);
+  }
+  // Byte j negated where bit j of m is set.
+  static SERVAL_SIMD_INLINE I neg_bytes(I v, uint64_t m) {
+    return _mm512_mask_sub_epi8(v, (__mmask64)m, _mm512_setzero_si512(), v);
+  }
+
   // ---- packed K-quant (X16) pieces: one i32 lane per weight row ---------------
   static SERVAL_SIMD_INLINE I imul_lanes(I a, I b) { return _mm512_mullo_epi32(a, b); }
   static SERVAL_SIMD_INLINE I iset1(int32_t v) { return _mm512_set1_epi32(v); }
