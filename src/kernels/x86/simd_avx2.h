@@ -266,26 +266,32 @@ struct Avx2 {
   static SERVAL_SIMD_INLINE I srl4(I v) { return {_mm256_srli_epi16(v.lo, 4), _mm256_srli_epi16(v.hi, 4)}; }
   static SERVAL_SIMD_INLINE I load64(const uint8_t* p) { return iload(p); }
   // ---- lattice (IQ) grids: 64 bytes of grid entries, signs by bit mask -------
-  // (The same bytes as simd_avx512.h's.)
+  // (The same bytes as simd_avx512.h's; entries loaded one by one rather than
+  // by vpgather*, which qemu 7.2's AVX2 emulation, used by CI's dispatch test,
+  // gets wrong for some index forms, and which is slow on several AVX2 cores.)
   static SERVAL_SIMD_INLINE I gather_u64_idx8(const uint64_t* grid, uint64_t idx8) {
-    const long long* g = (const long long*)grid;
-    return {_mm256_i64gather_epi64(g, _mm256_cvtepu8_epi64(_mm_cvtsi32_si128((int)(uint32_t)idx8)), 8),
-            _mm256_i64gather_epi64(g, _mm256_cvtepu8_epi64(_mm_cvtsi32_si128((int)(uint32_t)(idx8 >> 32))), 8)};
+    auto e = [&](int k) { return (long long)grid[(idx8 >> (8 * k)) & 255]; };
+    return {_mm256_setr_epi64x(e(0), e(1), e(2), e(3)), _mm256_setr_epi64x(e(4), e(5), e(6), e(7))};
   }
   static SERVAL_SIMD_INLINE I gather_u64_idx16(const uint64_t* grid, __m128i idx16) {
-    const long long* g = (const long long*)grid;
-    return {_mm256_i64gather_epi64(g, _mm256_cvtepu16_epi64(idx16), 8),
-            _mm256_i64gather_epi64(g, _mm256_cvtepu16_epi64(_mm_srli_si128(idx16, 8)), 8)};
-  }
-  static SERVAL_SIMD_INLINE I gather_u32_idx8(const uint32_t* grid, __m128i idx8) {
-    const int* g = (const int*)grid;
-    return {_mm256_i32gather_epi32(g, _mm256_cvtepu8_epi32(idx8), 4),
-            _mm256_i32gather_epi32(g, _mm256_cvtepu8_epi32(_mm_srli_si128(idx8, 8)), 4)};
+    alignas(16) uint16_t ix[8];
+    _mm_store_si128((__m128i*)ix, idx16);
+    auto e = [&](int k) { return (long long)grid[ix[k]]; };
+    return {_mm256_setr_epi64x(e(0), e(1), e(2), e(3)), _mm256_setr_epi64x(e(4), e(5), e(6), e(7))};
   }
   static SERVAL_SIMD_INLINE I gather_u32_idx16(const uint32_t* grid, __m256i idx16) {
-    const int* g = (const int*)grid;
-    return {_mm256_i32gather_epi32(g, _mm256_cvtepu16_epi32(_mm256_castsi256_si128(idx16)), 4),
-            _mm256_i32gather_epi32(g, _mm256_cvtepu16_epi32(_mm256_extracti128_si256(idx16, 1)), 4)};
+    alignas(32) uint16_t ix[16];
+    _mm256_store_si256((__m256i*)ix, idx16);
+    auto e = [&](int k) { return (int)grid[ix[k]]; };
+    return {_mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7)),
+            _mm256_setr_epi32(e(8), e(9), e(10), e(11), e(12), e(13), e(14), e(15))};
+  }
+  static SERVAL_SIMD_INLINE I gather_u32_idx8(const uint32_t* grid, __m128i idx8) {
+    alignas(16) uint8_t ix[16];
+    _mm_store_si128((__m128i*)ix, idx8);
+    auto e = [&](int k) { return (int)grid[ix[k]]; };
+    return {_mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7)),
+            _mm256_setr_epi32(e(8), e(9), e(10), e(11), e(12), e(13), e(14), e(15))};
   }
   // 32 bits -> 32 bytes of 0xFF (bit set) / 0.
   static SERVAL_SIMD_INLINE __m256i bits_to_bytes(uint32_t m) {
