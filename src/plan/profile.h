@@ -1,0 +1,120 @@
+// Profile: what `serval plan profile` measured of one model on one machine,
+// and the step-time model the capacity planner builds from it.
+//
+// An engine step computes a mixed batch: decode tokens of many sequences and
+// prefill chunks (DESIGN.md, scheduler). Its time is modelled as
+//
+//   step_seconds(n_tokens, attn_pairs, n_seqs)
+//     = T(n_tokens)                     matmuls: piecewise linear between the
+//                                       measured token counts (one sequence,
+//                                       attention subtracted), the last slope
+//                                       extended beyond the largest
+//     + attn_s_per_pair * attn_pairs    attention: one query token against one
+//                                       context token (sum over the batch)
+//     + per_seq_s * (n_seqs - 1)        per-sequence work in the forward (tiles,
+//                                       logits rows) beyond the first
+//     + engine_step_s + engine_seq_s * n_seqs
+//                                       the engine's own work around the
+//                                       forward (scheduling, sampling, output)
+//
+// The coefficients are fitted from the measured points by fit_step_model();
+// a profile file carries both, so a reader can check the fit.
+//
+// Plain values; no threads.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace serval::plan {
+
+// One sequence's chunk of `n_tokens` from an empty context (prefill), timed.
+struct ChunkPoint {
+  int32_t n_tokens = 0;
+  double seconds = 0;
+};
+
+// One step of `batch` sequences, each decoding one token at context `depth`.
+struct DecodePoint {
+  int32_t batch = 0;
+  int64_t depth = 0;
+  double seconds = 0;
+};
+
+// An engine-level decode measurement: `batch` concurrent requests, the
+// median inter-token latency, against the forward alone at the same shape.
+struct EnginePoint {
+  int32_t batch = 0;
+  int64_t depth = 0;       // mean context during the measured tokens
+  double itl_s = 0;        // median time between tokens of one stream
+};
+
+struct Profile {
+  static constexpr int kVersion = 1;
+
+  // Machine and build.
+  std::string cpu;         // model name from /proc/cpuinfo
+  int32_t cores = 0;       // hardware threads the OS reports
+  int32_t threads = 0;     // compute threads used for the measurements
+  std::string isa;         // kernel level
+  std::string build;       // version and compiler
+  std::string created;     // UTC time, ISO 8601
+
+  // Model.
+  std::string model_path, model_arch, model_type;
+  uint64_t model_bytes = 0;        // all tensors
+  uint64_t weight_bytes_per_token = 0;  // what one decode step reads of the weights
+  int64_t n_ctx = 0;               // longest context the profile's model takes
+
+  // KV cache.
+  std::string kv_type;
+  uint64_t kv_bytes_per_token = 0;  // all layers, K and V
+  int32_t block_size = 16;
+
+  // Roofline (0 where not measured).
+  double mem_read_gb_s = 0;
+  double fp32_gflops = 0;
+  double int8_gops = 0;
+
+  // Measurements.
+  std::vector<ChunkPoint> prefill;
+  std::vector<DecodePoint> decode;
+  std::vector<EnginePoint> engine;
+
+  // The fitted step-time model (see the top of this file).
+  std::vector<ChunkPoint> matmul;  // T(n), increasing n, seconds non-decreasing
+  double attn_s_per_pair = 0;
+  double per_seq_s = 0;
+  double engine_step_s = 0;
+  double engine_seq_s = 0;
+};
+
+// Seconds of one engine step of n_tokens tokens from n_seqs sequences whose
+// attention touches attn_pairs (query token, context token) pairs.
+// The profile must be fitted (matmul non-empty).
+double step_seconds(const Profile& p, int64_t n_tokens, double attn_pairs, int64_t n_seqs);
+
+// Attention pairs of a chunk of n tokens starting at position start:
+// sum over its tokens of the context each one attends to (itself included).
+inline double attn_pairs_of(int64_t start, int64_t n) {
+  return (double)n * (double)start + (double)n * (double)(n + 1) / 2.0;
+}
+
+// Fits matmul, attn_s_per_pair, per_seq_s and the engine terms from the
+// measured points. Needs at least two prefill points; decode points at two
+// depths for the attention term (else it stays 0); engine points for the
+// engine terms (else 0). invalid_argument when the points cannot be fitted.
+Status fit_step_model(Profile* p);
+
+nlohmann::json to_json(const Profile& p);
+// Validates every field (ranges, sorted points, a fitted model); the error
+// names the field.
+Expected<Profile> profile_from_json(const nlohmann::json& j);
+// Reads and validates a profile file (bounded to 16 MiB).
+Expected<Profile> read_profile(const std::string& path);
+
+}  // namespace serval::plan
