@@ -14,6 +14,7 @@ using nlohmann::json;
 namespace {
 
 double interp_matmul(const std::vector<ChunkPoint>& m, double n) {
+  if (m.empty()) return 0;
   if (m.size() == 1) return m[0].seconds * n / (double)m[0].n_tokens;
   if (n <= m.front().n_tokens) {
     // Below the first point: the first segment's line, never below zero.
@@ -30,64 +31,102 @@ double interp_matmul(const std::vector<ChunkPoint>& m, double n) {
 
 }  // namespace
 
-double step_seconds(const Profile& p, int64_t n_tokens, double attn_pairs, int64_t n_seqs) {
+double step_seconds(const Profile& p, int64_t n_tokens, double decode_pairs, double prefill_pairs, int64_t n_seqs) {
   if (n_tokens <= 0) return 0;
   double t = interp_matmul(p.matmul, (double)n_tokens);
-  t += p.attn_s_per_pair * attn_pairs;
-  t += p.per_seq_s * (double)std::max<int64_t>(0, n_seqs - 1);
+  t += p.attn_decode_s_per_pair * decode_pairs + p.attn_prefill_s_per_pair * prefill_pairs;
+  if (n_seqs > 1) t += std::max(0.0, interp_matmul(p.per_seq, (double)n_seqs));
   t += p.engine_step_s + p.engine_seq_s * (double)n_seqs;
   return t;
 }
 
-Status fit_step_model(Profile* p) {
-  std::vector<ChunkPoint> pre = p->prefill;
-  std::sort(pre.begin(), pre.end(), [](const ChunkPoint& a, const ChunkPoint& b) { return a.n_tokens < b.n_tokens; });
-  if (pre.size() < 2) return invalid_argument("profile: prefill: need at least 2 measured chunk sizes");
-  for (size_t i = 0; i < pre.size(); ++i) {
-    if (pre[i].n_tokens < 1 || !(pre[i].seconds > 0) || !std::isfinite(pre[i].seconds))
-      return invalid_argument("profile: prefill[" + std::to_string(i) + "]: n_tokens >= 1 and seconds > 0 expected");
-    if (i > 0 && pre[i].n_tokens == pre[i - 1].n_tokens)
-      return invalid_argument("profile: prefill: chunk size " + std::to_string(pre[i].n_tokens) + " measured twice");
-  }
-  // Attention: within one batch size, time grows with depth by alpha per pair.
+double decode_step_seconds(const Profile& p, int64_t b, int64_t depth) {
+  return step_seconds(p, b, (double)b * attn_pairs_of(depth, 1), 0, b);
+}
+
+double chunk_step_seconds(const Profile& p, int64_t n, int64_t start) {
+  return n == 1 ? step_seconds(p, 1, attn_pairs_of(start, 1), 0, 1)
+                : step_seconds(p, n, 0, attn_pairs_of(start, n), 1);
+}
+
+namespace {
+
+// Least squares through the origin of the time differences between points
+// that differ only in context: y = alpha * x.
+struct SlopeFit {
   double sxy = 0, sxx = 0;
+  void add(double x, double y) {
+    sxy += x * y;
+    sxx += x * x;
+  }
+  double slope() const { return sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0; }
+};
+
+}  // namespace
+
+Status fit_step_model(Profile* p) {
+  std::vector<ChunkPoint> pre;  // from position 0, by size
+  for (size_t i = 0; i < p->prefill.size(); ++i) {
+    const ChunkPoint& c = p->prefill[i];
+    if (c.n_tokens < 1 || !(c.seconds > 0) || !std::isfinite(c.seconds) || c.start < 0)
+      return invalid_argument("profile: prefill[" + std::to_string(i) +
+                              "]: n_tokens >= 1, start >= 0 and seconds > 0 expected");
+    if (c.start == 0) pre.push_back(c);
+  }
+  std::sort(pre.begin(), pre.end(), [](const ChunkPoint& a, const ChunkPoint& b) { return a.n_tokens < b.n_tokens; });
+  if (pre.size() < 2) return invalid_argument("profile: prefill: need at least 2 chunk sizes measured from position 0");
+  for (size_t i = 1; i < pre.size(); ++i)
+    if (pre[i].n_tokens == pre[i - 1].n_tokens)
+      return invalid_argument("profile: prefill: chunk size " + std::to_string(pre[i].n_tokens) +
+                              " measured twice from position 0");
+  // Attention of decodes: one batch at two depths differs by alpha per pair.
+  SlopeFit dec;
   for (const DecodePoint& a : p->decode) {
     const DecodePoint* base = nullptr;  // the same batch at its smallest depth
     for (const DecodePoint& b : p->decode)
       if (b.batch == a.batch && (!base || b.depth < base->depth)) base = &b;
-    if (!base || base->depth == a.depth) continue;
-    const double x = (double)a.batch * (double)(a.depth - base->depth);
-    sxy += x * (a.seconds - base->seconds);
-    sxx += x * x;
+    if (base && base->depth != a.depth) dec.add((double)a.batch * (double)(a.depth - base->depth), a.seconds - base->seconds);
   }
-  p->attn_s_per_pair = sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0;
-  // Matmuls: the prefill chunks less their attention, made non-decreasing.
+  p->attn_decode_s_per_pair = dec.slope();
+  // Attention of chunks: one size at two starts.
+  SlopeFit chunk;
+  for (const ChunkPoint& a : p->prefill) {
+    if (a.n_tokens < 2 || a.start == 0) continue;
+    for (const ChunkPoint& b : pre)
+      if (b.n_tokens == a.n_tokens) chunk.add((double)a.n_tokens * (double)a.start, a.seconds - b.seconds);
+  }
+  p->attn_prefill_s_per_pair = chunk.slope();
+  // Matmuls: the chunks from position 0 less their attention, made non-decreasing.
   p->matmul.clear();
   double prev = 0;
   for (const ChunkPoint& c : pre) {
-    double t = c.seconds - p->attn_s_per_pair * attn_pairs_of(0, c.n_tokens);
-    t = std::max({t, prev, 1e-9});
-    p->matmul.push_back({c.n_tokens, t});
+    const double alpha = c.n_tokens == 1 ? p->attn_decode_s_per_pair : p->attn_prefill_s_per_pair;
+    const double t = std::max({c.seconds - alpha * attn_pairs_of(0, c.n_tokens), prev, 1e-9});
+    p->matmul.push_back({c.n_tokens, t, 0});
     prev = t;
   }
   // Per sequence: a decode batch of B sequences against one chunk of B tokens
-  // (the extra logits rows and attention tiles), least squares through 0.
-  double rx = 0, rxx = 0;
-  for (const DecodePoint& d : p->decode) {
-    if (d.batch < 2) continue;
-    const double pred = interp_matmul(p->matmul, d.batch) + p->attn_s_per_pair * attn_pairs_of(d.depth, 1) * d.batch;
-    const double x = (double)(d.batch - 1);
-    rx += x * (d.seconds - pred);
-    rxx += x * x;
-  }
-  p->per_seq_s = rxx > 0 ? std::max(0.0, rx / rxx) : 0.0;
-  // The engine around the forward: residual = a + b * batch, least squares.
+  // (the extra logits rows and attention tiles), at each batch's smallest
+  // depth; S(1) = 0, made non-decreasing.
+  p->per_seq.clear();
   p->engine_step_s = p->engine_seq_s = 0;
-  std::vector<std::pair<double, double>> res;  // (batch, residual)
-  for (const EnginePoint& e : p->engine) {
-    const double f = step_seconds(*p, e.batch, attn_pairs_of(e.depth, 1) * e.batch, e.batch);
-    res.emplace_back((double)e.batch, e.itl_s - f);
+  std::vector<DecodePoint> shallow;  // one per batch size, the smallest depth
+  for (const DecodePoint& d : p->decode) {
+    auto it = std::find_if(shallow.begin(), shallow.end(), [&](const DecodePoint& x) { return x.batch == d.batch; });
+    if (it == shallow.end()) shallow.push_back(d);
+    else if (d.depth < it->depth) *it = d;
   }
+  std::sort(shallow.begin(), shallow.end(), [](const DecodePoint& a, const DecodePoint& b) { return a.batch < b.batch; });
+  std::vector<ChunkPoint> per_seq{{1, 0.0, 0}};
+  for (const DecodePoint& d : shallow) {
+    if (d.batch < 2) continue;
+    const double extra = d.seconds - decode_step_seconds(*p, d.batch, d.depth);  // p->per_seq is empty here
+    per_seq.push_back({d.batch, std::max(extra, per_seq.back().seconds), 0});
+  }
+  if (per_seq.size() > 1) p->per_seq = std::move(per_seq);  // else no batch measured: no per-sequence term
+  // The engine around the forward: residual = a + b * batch, least squares.
+  std::vector<std::pair<double, double>> res;  // (batch, residual)
+  for (const EnginePoint& e : p->engine) res.emplace_back((double)e.batch, e.itl_s - decode_step_seconds(*p, e.batch, e.depth));
   if (res.size() == 1) {
     p->engine_step_s = std::max(0.0, res[0].second);
   } else if (res.size() > 1) {
@@ -102,11 +141,11 @@ Status fit_step_model(Profile* p) {
     if (b < 0) b = 0, a = my;
     if (a < 0) {  // through the origin instead
       a = 0;
-      double sxy2 = 0, sxx2 = 0;
-      for (auto [x, y] : res) sxy2 += x * y, sxx2 += x * x;
-      b = sxx2 > 0 ? std::max(0.0, sxy2 / sxx2) : 0.0;
+      SlopeFit o;
+      for (auto [x, y] : res) o.add(x, y);
+      b = o.slope();
     }
-    p->engine_step_s = a;
+    p->engine_step_s = std::max(0.0, a);
     p->engine_seq_s = b;
   }
   return Status{};
@@ -114,10 +153,12 @@ Status fit_step_model(Profile* p) {
 
 json to_json(const Profile& p) {
   json pre = json::array(), dec = json::array(), eng = json::array(), mm = json::array();
-  for (const auto& c : p.prefill) pre.push_back({{"n_tokens", c.n_tokens}, {"seconds", c.seconds}});
+  for (const auto& c : p.prefill) pre.push_back({{"n_tokens", c.n_tokens}, {"start", c.start}, {"seconds", c.seconds}});
   for (const auto& d : p.decode) dec.push_back({{"batch", d.batch}, {"depth", d.depth}, {"seconds", d.seconds}});
   for (const auto& e : p.engine) eng.push_back({{"batch", e.batch}, {"depth", e.depth}, {"itl_s", e.itl_s}});
   for (const auto& c : p.matmul) mm.push_back({{"n_tokens", c.n_tokens}, {"seconds", c.seconds}});
+  json ps = json::array();
+  for (const auto& c : p.per_seq) ps.push_back({{"n_seqs", c.n_tokens}, {"seconds", c.seconds}});
   return {{"version", Profile::kVersion},
           {"machine", {{"cpu", p.cpu}, {"cores", p.cores}, {"threads", p.threads}, {"isa", p.isa}}},
           {"build", p.build},
@@ -136,8 +177,9 @@ json to_json(const Profile& p) {
           {"engine", eng},
           {"step_model",
            {{"matmul", mm},
-            {"attn_s_per_pair", p.attn_s_per_pair},
-            {"per_seq_s", p.per_seq_s},
+            {"attn_decode_s_per_pair", p.attn_decode_s_per_pair},
+            {"attn_prefill_s_per_pair", p.attn_prefill_s_per_pair},
+            {"per_seq", ps},
             {"engine_step_s", p.engine_step_s},
             {"engine_seq_s", p.engine_seq_s}}}};
 }
@@ -238,7 +280,9 @@ Expected<Profile> profile_from_json(const json& j) {
   for (size_t i = 0; r.st.ok() && i < pre.size(); ++i) {
     const std::string path = "prefill[" + std::to_string(i) + "].";
     if (!pre[i].is_object()) return invalid_argument("profile: '" + path + "' must be an object");
-    p.prefill.push_back({(int32_t)r.num(pre[i], "n_tokens", path, 1, 1 << 20), r.num(pre[i], "seconds", path, 1e-9, 1e6)});
+    const auto n = (int32_t)r.num(pre[i], "n_tokens", path, 1, 1 << 20);
+    const double sec = r.num(pre[i], "seconds", path, 1e-9, 1e6);
+    p.prefill.push_back({n, sec, (int64_t)r.num(pre[i], "start", path, 0, 1 << 24, false)});
   }
   if (j.contains("decode")) {
     const json& dec = r.arr(j, "decode", "", kMaxPoints);
@@ -268,17 +312,29 @@ Expected<Profile> profile_from_json(const json& j) {
     for (size_t i = 0; r.st.ok() && i < mm.size(); ++i) {
       const std::string path = "step_model.matmul[" + std::to_string(i) + "].";
       if (!mm[i].is_object()) return invalid_argument("profile: '" + path + "' must be an object");
-      p.matmul.push_back({(int32_t)r.num(mm[i], "n_tokens", path, 1, 1 << 20), r.num(mm[i], "seconds", path, 1e-9, 1e6)});
+      const auto n = (int32_t)r.num(mm[i], "n_tokens", path, 1, 1 << 20);
+      p.matmul.push_back({n, r.num(mm[i], "seconds", path, 1e-9, 1e6), 0});
     }
-    p.attn_s_per_pair = r.num(sm, "attn_s_per_pair", "step_model.", 0, 1);
-    p.per_seq_s = r.num(sm, "per_seq_s", "step_model.", 0, 10);
+    p.attn_decode_s_per_pair = r.num(sm, "attn_decode_s_per_pair", "step_model.", 0, 1);
+    p.attn_prefill_s_per_pair = r.num(sm, "attn_prefill_s_per_pair", "step_model.", 0, 1);
+    if (sm.contains("per_seq")) {
+      const json& ps = r.arr(sm, "per_seq", "step_model.", kMaxPoints);
+      for (size_t i = 0; r.st.ok() && i < ps.size(); ++i) {
+        const std::string path = "step_model.per_seq[" + std::to_string(i) + "].";
+        if (!ps[i].is_object()) return invalid_argument("profile: '" + path + "' must be an object");
+        const auto n = (int32_t)r.num(ps[i], "n_seqs", path, 1, 1 << 20);
+        p.per_seq.push_back({n, r.num(ps[i], "seconds", path, 0, 1e6), 0});
+      }
+    }
     p.engine_step_s = r.num(sm, "engine_step_s", "step_model.", 0, 10);
     p.engine_seq_s = r.num(sm, "engine_seq_s", "step_model.", 0, 10);
     if (!r.st.ok()) return r.st;
     if (p.matmul.empty()) return invalid_argument("profile: 'step_model.matmul' is empty");
-    for (size_t i = 1; i < p.matmul.size(); ++i)
-      if (p.matmul[i].n_tokens <= p.matmul[i - 1].n_tokens || p.matmul[i].seconds < p.matmul[i - 1].seconds)
-        return invalid_argument("profile: 'step_model.matmul' must have increasing n_tokens and non-decreasing seconds");
+    for (const auto* table : {&p.matmul, &p.per_seq})
+      for (size_t i = 1; i < table->size(); ++i)
+        if ((*table)[i].n_tokens <= (*table)[i - 1].n_tokens || (*table)[i].seconds < (*table)[i - 1].seconds)
+          return invalid_argument(std::string("profile: 'step_model.") + (table == &p.matmul ? "matmul" : "per_seq") +
+                                  "' must have increasing sizes and non-decreasing seconds");
     return p;
   }
   if (auto st = fit_step_model(&p); !st.ok()) return st;

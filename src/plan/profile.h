@@ -4,21 +4,29 @@
 // An engine step computes a mixed batch: decode tokens of many sequences and
 // prefill chunks (DESIGN.md, scheduler). Its time is modelled as
 //
-//   step_seconds(n_tokens, attn_pairs, n_seqs)
+//   step_seconds(n_tokens, decode_pairs, prefill_pairs, n_seqs)
 //     = T(n_tokens)                     matmuls: piecewise linear between the
 //                                       measured token counts (one sequence,
 //                                       attention subtracted), the last slope
 //                                       extended beyond the largest
-//     + attn_s_per_pair * attn_pairs    attention: one query token against one
-//                                       context token (sum over the batch)
-//     + per_seq_s * (n_seqs - 1)        per-sequence work in the forward (tiles,
-//                                       logits rows) beyond the first
+//     + attn_decode_s_per_pair * decode_pairs
+//                                       attention of one-token chunks: each
+//                                       query reads its whole context
+//     + attn_prefill_s_per_pair * prefill_pairs
+//                                       attention of longer chunks: query tiles
+//                                       share each K/V read, so a pair costs less
+//     + S(n_seqs)                       per-sequence work in the forward beyond
+//                                       one sequence's (logits rows, attention
+//                                       tiles): piecewise linear in n_seqs,
+//                                       S(1) = 0; not linear, as the logits
+//                                       matmul changes kernels with its rows
 //     + engine_step_s + engine_seq_s * n_seqs
 //                                       the engine's own work around the
 //                                       forward (scheduling, sampling, output)
 //
-// The coefficients are fitted from the measured points by fit_step_model();
-// a profile file carries both, so a reader can check the fit.
+// where a pair is one query token against one context token (itself
+// included). The coefficients are fitted from the measured points by
+// fit_step_model(); a profile file carries both, so a reader can check the fit.
 //
 // Plain values; no threads.
 #pragma once
@@ -32,10 +40,11 @@
 
 namespace serval::plan {
 
-// One sequence's chunk of `n_tokens` from an empty context (prefill), timed.
+// One sequence's chunk of `n_tokens` at positions [start, start + n_tokens), timed.
 struct ChunkPoint {
   int32_t n_tokens = 0;
   double seconds = 0;
+  int64_t start = 0;
 };
 
 // One step of `batch` sequences, each decoding one token at context `depth`.
@@ -86,17 +95,23 @@ struct Profile {
   std::vector<EnginePoint> engine;
 
   // The fitted step-time model (see the top of this file).
-  std::vector<ChunkPoint> matmul;  // T(n), increasing n, seconds non-decreasing
-  double attn_s_per_pair = 0;
-  double per_seq_s = 0;
+  std::vector<ChunkPoint> matmul;  // T(n), increasing n, seconds non-decreasing (start unused)
+  double attn_decode_s_per_pair = 0;
+  double attn_prefill_s_per_pair = 0;
+  std::vector<ChunkPoint> per_seq;  // S(n): n_tokens = sequences, seconds; starts at {1, 0}
   double engine_step_s = 0;
   double engine_seq_s = 0;
 };
 
 // Seconds of one engine step of n_tokens tokens from n_seqs sequences whose
-// attention touches attn_pairs (query token, context token) pairs.
-// The profile must be fitted (matmul non-empty).
-double step_seconds(const Profile& p, int64_t n_tokens, double attn_pairs, int64_t n_seqs);
+// one-token chunks touch decode_pairs (query, context token) pairs and whose
+// longer chunks touch prefill_pairs. The profile must be fitted.
+double step_seconds(const Profile& p, int64_t n_tokens, double decode_pairs, double prefill_pairs, int64_t n_seqs);
+
+// The step of a decode batch: b sequences, one token each at context depth d.
+double decode_step_seconds(const Profile& p, int64_t b, int64_t depth);
+// One chunk of n tokens of a single sequence starting at position start.
+double chunk_step_seconds(const Profile& p, int64_t n, int64_t start);
 
 // Attention pairs of a chunk of n tokens starting at position start:
 // sum over its tokens of the context each one attends to (itself included).
@@ -104,10 +119,12 @@ inline double attn_pairs_of(int64_t start, int64_t n) {
   return (double)n * (double)start + (double)n * (double)(n + 1) / 2.0;
 }
 
-// Fits matmul, attn_s_per_pair, per_seq_s and the engine terms from the
-// measured points. Needs at least two prefill points; decode points at two
-// depths for the attention term (else it stays 0); engine points for the
-// engine terms (else 0). invalid_argument when the points cannot be fitted.
+// Fits matmul, the attention, per-sequence and engine terms from the
+// measured points. Needs prefill points at two or more sizes from position 0;
+// prefill points of one size at two starts for the prefill attention term,
+// decode points of one batch at two depths for the decode attention term,
+// engine points for the engine terms (each 0 otherwise). invalid_argument
+// when the points cannot be fitted.
 Status fit_step_model(Profile* p);
 
 nlohmann::json to_json(const Profile& p);

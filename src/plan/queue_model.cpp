@@ -114,7 +114,7 @@ Prediction simulate(const Profile& p, const EngineShape& shape, const Workload& 
   auto erase_id = [](std::vector<size_t>& v, size_t id) { v.erase(std::find(v.begin(), v.end(), id)); };
   int64_t free_blocks = shape.kv_blocks;
   size_t next_arrival = 0;
-  double t = 0, busy = 0, kv_area = 0, last_completion = 0;
+  double t = 0, busy = 0, prefill_busy = 0, kv_area = 0, last_completion = 0;
   int64_t peak_used = 0, steps = 0, batch_sum = 0, token_sum = 0, preemptions = 0, max_waiting = 0;
   std::vector<double> ttft, itl, e2e, completion_t;
   ttft.reserve(reqs.size());
@@ -207,12 +207,15 @@ Prediction simulate(const Profile& p, const EngineShape& shape, const Workload& 
       if (reqs[id].scheduled_step != step && reqs[id].computed < reqs[id].known()) ++reqs[id].waited;
     // Run it.
     int64_t n_tokens = 0;
-    double pairs = 0;
+    double decode_pairs = 0, prefill_pairs = 0;
     for (const Chunk& c : chunks) {
       n_tokens += c.n;
-      pairs += attn_pairs_of(c.start, c.n);
+      (c.n == 1 ? decode_pairs : prefill_pairs) += attn_pairs_of(c.start, c.n);
     }
-    const double dt = step_seconds(p, n_tokens, pairs, (int64_t)chunks.size());
+    const double dt = step_seconds(p, n_tokens, decode_pairs, prefill_pairs, (int64_t)chunks.size());
+    int64_t prompt_tokens = 0;  // tokens of prefill chunks (one-token chunks are decodes)
+    for (const Chunk& c : chunks) prompt_tokens += c.n > 1 ? c.n : 0;
+    prefill_busy += dt * (double)prompt_tokens / (double)std::max<int64_t>(1, n_tokens);
     const int64_t used = shape.kv_blocks - free_blocks;
     peak_used = std::max(peak_used, used);
     kv_area += (double)used * dt;
@@ -257,6 +260,7 @@ Prediction simulate(const Profile& p, const EngineShape& shape, const Workload& 
   out.itl = percentiles_of(itl);
   out.e2e = percentiles_of(e2e);
   out.busy_frac = busy / out.duration_s;
+  out.prefill_time_frac = busy > 0 ? prefill_busy / busy : 0;
   out.mean_batch = steps ? (double)batch_sum / (double)steps : 0;
   out.mean_step_tokens = steps ? (double)token_sum / (double)steps : 0;
   out.kv_mean_frac = kv_area / out.duration_s / (double)shape.kv_blocks;

@@ -65,6 +65,7 @@ struct Prediction {
   double busy_frac = 0;         // share of duration_s with a step running
   double mean_batch = 0;        // sequences per step, averaged over steps
   double mean_step_tokens = 0;  // tokens per step, averaged over steps
+  double prefill_time_frac = 0;  // share of busy time spent on prompt tokens (each step split by its tokens)
   double kv_mean_frac = 0;      // KV blocks in use, time-weighted, of kv_blocks
   double kv_peak_frac = 0;
   int64_t preemptions = 0;

@@ -32,8 +32,9 @@ Profile synthetic_profile() {
   p.weight_bytes_per_token = 600u << 20;
   p.mem_read_gb_s = 32;
   p.matmul = {{1, 0.020}, {8, 0.022}, {32, 0.034}, {128, 0.080}, {512, 0.260}};
-  p.attn_s_per_pair = 2e-8;
-  p.per_seq_s = 3e-4;
+  p.attn_decode_s_per_pair = 2e-8;
+  p.attn_prefill_s_per_pair = 4e-9;
+  p.per_seq = {{1, 0.0}, {4, 0.001}, {8, 0.006}, {64, 0.020}};
   p.engine_step_s = 4e-4;
   p.engine_seq_s = 6e-5;
   return p;
@@ -79,14 +80,14 @@ Prediction run_scheduler(const Profile& p, const EngineShape& shape, const Workl
     }
     const SchedulerOutput out = s.schedule();
     int64_t n_tokens = 0;
-    double pairs = 0;
+    double decode_pairs = 0, prefill_pairs = 0;
     std::vector<std::pair<SeqId, TokenId>> sampled;
     for (const ScheduledSeq& ss : out.seqs) {
       n_tokens += ss.n_tokens;
-      pairs += attn_pairs_of(ss.start_pos, ss.n_tokens);
+      (ss.n_tokens == 1 ? decode_pairs : prefill_pairs) += attn_pairs_of(ss.start_pos, ss.n_tokens);
       if (ss.needs_logits) sampled.emplace_back(ss.seq, 7);
     }
-    t += step_seconds(p, n_tokens, pairs, (int64_t)out.seqs.size());
+    t += step_seconds(p, n_tokens, decode_pairs, prefill_pairs, (int64_t)out.seqs.size());
     ++steps;
     s.update(out, sampled);
     for (const auto& [id, tok] : sampled) {
@@ -240,24 +241,25 @@ TEST(Profile, FitRecoversTheStepModel) {
   p.threads = 2;
   p.n_ctx = 8192;
   p.kv_bytes_per_token = 100;
+  auto forward_only = [&](double engine_seqs) { return truth.engine_step_s + truth.engine_seq_s * engine_seqs; };
   for (int n : {1, 8, 32, 128, 512})
-    p.prefill.push_back({n, step_seconds(truth, n, attn_pairs_of(0, n), 1) - truth.engine_step_s - truth.engine_seq_s});
+    for (int start : {0, 256}) p.prefill.push_back({n, chunk_step_seconds(truth, n, start) - forward_only(1), start});
   for (int b : {1, 4, 16})
-    for (int d : {32, 1024})
-      p.decode.push_back(
-          {b, d, step_seconds(truth, b, b * attn_pairs_of(d, 1), b) - truth.engine_step_s - truth.engine_seq_s * b});
-  for (int b : {1, 8}) p.engine.push_back({b, 64, step_seconds(truth, b, b * attn_pairs_of(64, 1), b)});
+    for (int d : {32, 1024}) p.decode.push_back({b, d, decode_step_seconds(truth, b, d) - forward_only(b)});
+  for (int b : {1, 16}) p.engine.push_back({b, 64, decode_step_seconds(truth, b, 64)});
   ASSERT_TRUE(fit_step_model(&p).ok());
-  EXPECT_NEAR(p.attn_s_per_pair, truth.attn_s_per_pair, 1e-12);
-  EXPECT_NEAR(p.per_seq_s, truth.per_seq_s, 1e-7);
+  EXPECT_NEAR(p.attn_decode_s_per_pair, truth.attn_decode_s_per_pair, 1e-12);
+  EXPECT_NEAR(p.attn_prefill_s_per_pair, truth.attn_prefill_s_per_pair, 1e-12);
+  ASSERT_EQ(p.per_seq.size(), 3u);  // batches 1 (anchor), 4, 16
+  for (int n : {2, 3, 4, 16}) EXPECT_NEAR(step_seconds(p, 20, 0, 0, n), step_seconds(truth, 20, 0, 0, n), 1e-7) << n;
   EXPECT_NEAR(p.engine_step_s, truth.engine_step_s, 1e-7);
   EXPECT_NEAR(p.engine_seq_s, truth.engine_seq_s, 1e-8);
   for (int n : {1, 3, 50, 300, 700})
-    EXPECT_NEAR(step_seconds(p, n, 100, 2), step_seconds(truth, n, 100, 2), 1e-6) << n;
+    EXPECT_NEAR(step_seconds(p, n, 100, 2000, 2), step_seconds(truth, n, 100, 2000, 2), 1e-6) << n;
   // And survives a JSON round trip.
   auto back = profile_from_json(to_json(p));
   ASSERT_TRUE(back.ok()) << back.status().message();
-  EXPECT_NEAR(step_seconds(*back, 77, 5000, 3), step_seconds(p, 77, 5000, 3), 1e-12);
+  EXPECT_NEAR(step_seconds(*back, 77, 5000, 9000, 3), step_seconds(p, 77, 5000, 9000, 3), 1e-12);
 }
 
 TEST(Profile, RejectsMalformedFiles) {
@@ -275,7 +277,7 @@ TEST(Profile, RejectsMalformedFiles) {
   bad("/kv/block_size", "16", "kv.block_size");
   bad("/machine/threads", -1, "machine.threads");
   bad("/step_model/matmul", nlohmann::json::array(), "step_model.matmul");
-  bad("/step_model/attn_s_per_pair", -1.0, "attn_s_per_pair");
+  bad("/step_model/attn_decode_s_per_pair", -1.0, "attn_decode_s_per_pair");
   bad("/prefill", 5, "prefill");
   EXPECT_FALSE(profile_from_json(nlohmann::json::array()).ok());
 }
