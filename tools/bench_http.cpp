@@ -8,6 +8,7 @@
 // mutex-protected merge of their measurements.
 #include "bench_http.h"
 #include "common/splitmix.h"
+#include "plan/queue_model.h"
 
 #include <sys/resource.h>
 
@@ -78,7 +79,7 @@ std::string prompt_text(const Options& opt, const Plan& plan, int64_t index) {
   std::string text;
   text.reserve((size_t)plan.prompt_words * 5);
   append_words(text, opt.seed * 0x2545f4914f6cdd1dull + 0x51, plan.prefix_words);
-  uint64_t s = opt.seed ^ ((uint64_t)index * 0x9e3779b97f4a7c15ull + 0x1234567);
+  uint64_t s = (opt.seed + opt.prompt_salt * 0xd1b54a32d192ed03ull) ^ ((uint64_t)index * 0x9e3779b97f4a7c15ull + 0x1234567);
   append_words(text, splitmix64_next(s), plan.prompt_words - plan.prefix_words);
   return text;
 }
@@ -434,18 +435,33 @@ void merge(RunResult& into, RunResult&& from) {
   into.stream_errors += from.stream_errors;
   into.retries_429 += from.retries_429;
   into.short_generations += from.short_generations;
+  into.max_start_lag_s = std::max(into.max_start_lag_s, from.max_start_lag_s);
   if (!from.last_error.empty()) into.last_error = std::move(from.last_error);
 }
 
+// Open loop: request i starts at t0 + arrivals[i] (nullptr: closed loop).
+struct Schedule {
+  const std::vector<double>* arrivals = nullptr;
+  Clock::time_point t0;
+};
+
 // Sends requests [first, first + count) of the global index space on one
 // client, retrying 429s; accumulates into r.
+
 void drive(Client& cl, const Options& opt, const Plan& plan, std::atomic<int64_t>& next, int64_t count,
-           int64_t index_base, RunResult& r) {
+           int64_t index_base, RunResult& r, const Schedule& sched = {}) {
   const std::string path = path_for(plan, opt.endpoint);
   for (;;) {
     const int64_t i = next++;
     if (i >= count) return;
     const std::string body = request_body(opt, plan, index_base + i);
+    double lag = 0;  // open loop: how late after its arrival the request starts
+    if (sched.arrivals) {
+      const auto due = sched.t0 + to_duration((*sched.arrivals)[(size_t)i]);
+      std::this_thread::sleep_until(due);
+      lag = std::max(0.0, seconds(Clock::now() - due));
+      r.max_start_lag_s = std::max(r.max_start_lag_s, lag);
+    }
     for (int tries = 0;; ++tries) {
       Attempt a = cl.stream(path, body, opt.endpoint, opt.timeout_s);
       switch (a.kind) {
@@ -472,10 +488,10 @@ void drive(Client& cl, const Options& opt, const Plan& plan, std::atomic<int64_t
       r.prompt_tokens += a.prompt_tokens >= 0 ? a.prompt_tokens : opt.prompt_len;
       if (gen != opt.gen_len) ++r.short_generations;
       if (a.ttft_s >= 0) {
-        r.ttft.push_back(a.ttft_s);
+        r.ttft.push_back(a.ttft_s + lag);
         if (gen > 1) r.tpot.push_back((a.e2e_s - a.ttft_s) / (double)(gen - 1));
       }
-      r.e2e.push_back(a.e2e_s);
+      r.e2e.push_back(a.e2e_s + lag);
       r.itl.insert(r.itl.end(), a.itl_s.begin(), a.itl_s.end());
       break;
     }
@@ -500,6 +516,8 @@ json to_json(const Options& opt, const Plan& plan, const RunResult& r) {
           {"prompt_len", opt.prompt_len},
           {"gen_len", opt.gen_len},
           {"shared_prefix", opt.shared_prefix},
+          {"rate", opt.rate},
+          {"max_start_lag_s", r.max_start_lag_s},
           {"timeout_s", opt.timeout_s},
           {"seed", opt.seed},
           {"tokens_per_word", plan.tokens_per_word},
@@ -569,6 +587,9 @@ void print_text(std::FILE* out, const RunResult& r) {
     std::fprintf(out, " | %lld requests generated != gen-len tokens", (long long)r.short_generations);
   std::fprintf(out, "\n");
   if (r.failed && !r.last_error.empty()) std::fprintf(out, "  last error: %s\n", r.last_error.c_str());
+  if (r.max_start_lag_s > 0.05)
+    std::fprintf(out, "  open loop: a request started %.2f s after its arrival (every client was busy; raise -c)\n",
+                 r.max_start_lag_s);
   std::fflush(out);
 }
 
@@ -736,6 +757,20 @@ Expected<Plan> make_plan(const Options& opt) {
   return plan;
 }
 
+std::vector<double> poisson_arrivals(int64_t n, double rate, uint64_t seed) {
+  // The capacity planner's generator, so that `serval plan --validate`
+  // replays exactly the arrivals it modelled.
+  plan::Workload w;
+  w.rate = rate;
+  w.n_requests = (int32_t)std::clamp<int64_t>(n, 0, INT32_MAX);
+  w.seed = seed;
+  w.lengths = {{1, 1}};
+  std::vector<double> t;
+  t.reserve((size_t)w.n_requests);
+  for (const plan::Arrival& a : plan::make_arrivals(w)) t.push_back(a.t);
+  return t;
+}
+
 Expected<RunResult> run_load(const Options& opt, const Plan& plan, int concurrency) {
   if (concurrency < 1 || concurrency > kMaxConcurrency)
     return invalid_argument("concurrency " + std::to_string(concurrency) + " out of [1, 1024]");
@@ -758,6 +793,9 @@ Expected<RunResult> run_load(const Options& opt, const Plan& plan, int concurren
   total.concurrency = concurrency;
   total.requests = opt.requests;
   std::atomic<int64_t> next{0};
+  const std::vector<double> arrivals = opt.rate > 0 ? poisson_arrivals(opt.requests, opt.rate, opt.seed) : std::vector<double>{};
+  Schedule sched;
+  if (opt.rate > 0) sched.arrivals = &arrivals;
   std::mutex mu;
   std::condition_variable cv;
   bool go = false, abort = false;
@@ -774,7 +812,7 @@ Expected<RunResult> run_load(const Options& opt, const Plan& plan, int concurren
     }
     RunResult mine;
     try {
-      drive(cl, opt, plan, next, opt.requests, index_base, mine);
+      drive(cl, opt, plan, next, opt.requests, index_base, mine, sched);
     } catch (const std::exception& e) {  // bad_alloc; everything else reports by value
       mine.last_error = std::string("client thread stopped: ") + e.what();
     }
@@ -795,6 +833,7 @@ Expected<RunResult> run_load(const Options& opt, const Plan& plan, int concurren
     if (spawn_error.empty()) cv.wait(lk, [&] { return ready == n_threads; });
     (spawn_error.empty() ? go : abort) = true;
     t0 = Clock::now();
+    sched.t0 = t0;
   }
   cv.notify_all();
   for (auto& th : threads) th.join();
@@ -843,7 +882,11 @@ int run_cli(int argc, char** argv, std::FILE* out) {
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   app.add_flag("--no-calibrate", no_calibrate, "skip POST /tokenize; assume 1.3 tokens per word");
-  app.add_option("--seed", opt.seed, "prompt seed")->capture_default_str();
+  app.add_option("--seed", opt.seed, "prompt seed (and arrival times with --rate)")->capture_default_str();
+  app.add_option("--rate", opt.rate,
+                 "open loop: requests start at Poisson arrivals of this many per second (TTFT counts from the "
+                 "arrival); -c then caps the clients in flight. 0: closed loop")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("-o,--output", format, "text or json")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   if (auto rc = parse(app, argc, argv)) return *rc;
 
@@ -875,12 +918,13 @@ int run_cli(int argc, char** argv, std::FILE* out) {
   if (!opt.json) {
     std::fprintf(out,
                  "serval bench http: POST %s%s | model '%s' | prompt ~%d tokens (%d words, %.2f tokens/word%s)%s | "
-                 "gen %d tokens | %d requests per run\n",
+                 "gen %d tokens | %d requests per run%s\n",
                  url_of(plan->target).c_str(), opt.endpoint == Endpoint::chat ? "/v1/chat/completions" : "/v1/completions",
                  excerpt(plan->model, 80).c_str(), opt.prompt_len, plan->prompt_words, plan->tokens_per_word,
                  plan->calibrated ? " from /tokenize" : ", assumed",
                  opt.shared_prefix ? (" | shared prefix ~" + std::to_string(opt.shared_prefix) + " tokens").c_str() : "",
-                 opt.gen_len, opt.requests);
+                 opt.gen_len, opt.requests,
+                 opt.rate > 0 ? (" | open loop, Poisson arrivals at " + std::to_string(opt.rate) + " req/s").c_str() : "");
     std::fflush(out);
   }
   json runs = json::array();

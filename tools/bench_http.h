@@ -76,6 +76,16 @@ struct Options {
   bool calibrate = true;   // ask POST /tokenize once for tokens per word
   uint64_t seed = 1;
   bool json = false;
+  // Open loop: requests start at Poisson arrival times of this mean rate
+  // (requests/s; seeded by seed), whatever is in flight, and each one's TTFT
+  // and end-to-end latency count from its arrival (a client that starts late
+  // does not hide queueing). Concurrency then caps the clients sending at
+  // once. 0: closed loop, each client sends its next request when the last ends.
+  double rate = 0;
+  // Mixed into each prompt's own words (not the shared prefix): another salt
+  // gives other prompts, so a run finds nothing of an earlier run's prompts in
+  // the server's prefix cache. Runs of one process differ anyway.
+  uint64_t prompt_salt = 0;
 };
 
 // What one run (one concurrency level) measured.
@@ -91,6 +101,7 @@ struct RunResult {
   int64_t stream_errors = 0;                 // 200 but a bad stream (error event, bad JSON, no [DONE])
   int64_t retries_429 = 0;                   // 429s waited out and retried
   int64_t short_generations = 0;             // completed with completion_tokens != gen_len
+  double max_start_lag_s = 0;                // open loop: latest start after a request's arrival
   std::string last_error;                    // one example, for the report
 };
 
@@ -109,6 +120,11 @@ Expected<Plan> make_plan(const Options& opt);
 
 // The request body of request `index` (deterministic in seed and index).
 std::string request_body(const Options& opt, const Plan& plan, int64_t index);
+
+// The open-loop arrival times (seconds from the run's start) of n requests at
+// `rate`: exponential gaps, the first at 0; deterministic in seed, and the
+// same as the capacity planner's (plan::make_arrivals).
+std::vector<double> poisson_arrivals(int64_t n, double rate, uint64_t seed);
 
 // Runs opt.requests requests at `concurrency` and measures them.
 Expected<RunResult> run_load(const Options& opt, const Plan& plan, int concurrency);

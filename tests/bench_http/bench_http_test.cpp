@@ -368,6 +368,44 @@ TEST(BenchHttpRun, MeasuresTimingAndTokens) {
   EXPECT_NE(srv.bodies()[8]["prompt"], bodies[0]["prompt"]);
 }
 
+// Open loop: requests start at the planner's Poisson arrival times, whatever
+// is in flight, and latency counts from the arrival.
+TEST(BenchHttpRun, OpenLoopFollowsTheArrivals) {
+  const std::vector<double> a = poisson_arrivals(2000, 50.0, 7);
+  ASSERT_EQ(a.size(), 2000u);
+  EXPECT_EQ(a[0], 0.0);
+  for (size_t i = 1; i < a.size(); ++i) ASSERT_GT(a[i], a[i - 1]);
+  EXPECT_NEAR(a.back() / 1999.0, 1.0 / 50.0, 0.1 / 50.0);  // mean gap 1/rate (2000 draws: +-10 %)
+  EXPECT_EQ(poisson_arrivals(2000, 50.0, 7), a);            // seeded
+  EXPECT_NE(poisson_arrivals(2000, 50.0, 8), a);
+
+  // 6 requests at 4/s: the arrivals span longer than a closed loop of one
+  // client needs (6 x ~80 ms), so the run's length shows they were honoured.
+  FakeServer srv(FakeConfig{});
+  Options o = base_options(srv.url());
+  o.requests = 6;
+  o.rate = 4;
+  o.seed = 3;
+  auto plan = make_plan(o);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const std::vector<double> arr = poisson_arrivals(6, 4, 3);
+  ASSERT_GT(arr.back(), 0.7);  // (seeded) the closed loop would be done by ~0.5 s
+  auto r = run_load(o, *plan, 1);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->completed, 6);
+  EXPECT_GE(r->wall_s, arr.back() + 0.07);  // the last request starts at its arrival and takes ~80 ms
+  EXPECT_LE(r->wall_s, arr.back() + 1.0);
+  ASSERT_EQ(r->e2e.size(), 6u);
+  for (double x : r->e2e) EXPECT_GE(x, 0.07);
+
+  // One client per request: each starts within a few ms of its arrival.
+  auto r2 = run_load(o, *plan, 6);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->completed, 6);
+  EXPECT_LE(r2->max_start_lag_s, 0.05);
+  EXPECT_LE(percentile(r2->ttft, 50), 0.1);
+}
+
 TEST(BenchHttpRun, CountsErrorsAndHonoursRetryAfter) {
   FakeConfig c;
   c.chunk_interval_ms = 1;
