@@ -31,48 +31,6 @@
 namespace serval::cli {
 namespace {
 
-struct ModelFigures {
-  uint64_t file_bytes = 0;      // all tensors
-  uint64_t params = 0;          // all tensor elements
-  uint64_t matrix_bytes = 0;    // weights one forward reads in full
-  uint64_t matrix_elems = 0;
-  uint64_t embd_row_bytes = 0;  // one token's embedding row
-  std::string type_name;        // the type most matrix bytes are stored in
-};
-
-ModelFigures figures(const Model& m) {
-  ModelFigures f;
-  for (const auto& t : m.file().tensors()) {
-    f.file_bytes += t.n_bytes;
-    f.params += t.n_elements;
-  }
-  const ModelWeights& w = m.weights();
-  std::vector<std::pair<DType, uint64_t>> by_type;
-  // frac: the share of the matrix one decode token reads (mixture of
-  // experts: n_expert_used / n_expert of the experts' matrices, on average).
-  auto add = [&](const Matrix& x, double frac = 1.0) {
-    if (!x.data) return;
-    const uint64_t bytes = row_size(x.type, x.cols) * (uint64_t)x.rows;
-    f.matrix_bytes += (uint64_t)((double)bytes * frac);
-    f.matrix_elems += (uint64_t)((double)(x.rows * x.cols) * frac);
-    auto it = std::find_if(by_type.begin(), by_type.end(), [&](auto& p) { return p.first == x.type; });
-    if (it == by_type.end()) by_type.emplace_back(x.type, bytes);
-    else it->second += bytes;
-  };
-  add(w.output);
-  const ModelConfig& c = m.config();
-  const double active = c.block.moe ? (double)c.n_expert_used / (double)c.n_expert : 1.0;
-  for (const LayerWeights& l : w.layers) {
-    for (const Matrix* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router}) add(*x);
-    for (const auto* experts : {&l.exp_gate, &l.exp_up, &l.exp_down})
-      for (const Matrix& x : *experts) add(x, active);
-  }
-  f.embd_row_bytes = row_size(w.token_embd.type, w.token_embd.cols);
-  auto top = std::max_element(by_type.begin(), by_type.end(), [](auto& a, auto& b) { return a.second < b.second; });
-  f.type_name = top == by_type.end() ? "?" : dtype_name(top->first);
-  return f;
-}
-
 struct Test {
   int n_prompt = 0, n_gen = 0;
   int n_depth = 0;  // tokens already in the context (prefilled, not timed)
@@ -148,6 +106,39 @@ std::string test_name(const Test& t) {
 
 }  // namespace
 
+ModelFigures model_figures(const Model& m) {
+  ModelFigures f;
+  for (const auto& t : m.file().tensors()) {
+    f.file_bytes += t.n_bytes;
+    f.params += t.n_elements;
+  }
+  const ModelWeights& w = m.weights();
+  std::vector<std::pair<DType, uint64_t>> by_type;
+  // frac: the share of the matrix one decode token reads (mixture of
+  // experts: n_expert_used / n_expert of the experts' matrices, on average).
+  auto add = [&](const Matrix& x, double frac = 1.0) {
+    if (!x.data) return;
+    const uint64_t bytes = row_size(x.type, x.cols) * (uint64_t)x.rows;
+    f.matrix_bytes += (uint64_t)((double)bytes * frac);
+    f.matrix_elems += (uint64_t)((double)(x.rows * x.cols) * frac);
+    auto it = std::find_if(by_type.begin(), by_type.end(), [&](auto& p) { return p.first == x.type; });
+    if (it == by_type.end()) by_type.emplace_back(x.type, bytes);
+    else it->second += bytes;
+  };
+  add(w.output);
+  const ModelConfig& c = m.config();
+  const double active = c.block.moe ? (double)c.n_expert_used / (double)c.n_expert : 1.0;
+  for (const LayerWeights& l : w.layers) {
+    for (const Matrix* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router}) add(*x);
+    for (const auto* experts : {&l.exp_gate, &l.exp_up, &l.exp_down})
+      for (const Matrix& x : *experts) add(x, active);
+  }
+  f.embd_row_bytes = row_size(w.token_embd.type, w.token_embd.cols);
+  auto top = std::max_element(by_type.begin(), by_type.end(), [](auto& a, auto& b) { return a.second < b.second; });
+  f.type_name = top == by_type.end() ? "?" : dtype_name(top->first);
+  return f;
+}
+
 int cmd_bench_model(int argc, char** argv) {
   const std::string cmd = "serval bench model";
   CLI::App app("llama-bench's pp/tg tests through the batched forward", cmd);
@@ -183,7 +174,7 @@ int cmd_bench_model(int argc, char** argv) {
   const int nt = threads > 0 ? threads : ThreadPool::default_threads();
   ThreadPool pool(nt);
   Runner runner(m, *kv, nt > 1 ? &pool : nullptr, ubatch);
-  const ModelFigures mf = figures(m);
+  const ModelFigures mf = model_figures(m);
 
   std::vector<Test> tests;
   if (n_prompt > 0) tests.push_back({n_prompt, 0, n_depth, {}});

@@ -14,5 +14,6 @@ int cmd_serve(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 int cmd_imatrix(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
+int cmd_plan(int argc, char** argv);  // serval plan, serval plan profile
 
 }  // namespace serval::cli
