@@ -703,6 +703,17 @@ std::string request_body(const Options& opt, const Plan& plan, int64_t index) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);  // --model may not be UTF-8
 }
 
+Expected<std::string> http_get(const Target& target, const std::string& path, const std::string& api_key,
+                               double timeout_s) {
+  auto eps = resolve(target);
+  if (!eps.ok()) return eps.status();
+  Client cl(target, *eps, api_key);
+  auto r = cl.fetch(http::verb::get, target.base + path, "", timeout_s);
+  if (!r.ok()) return r.status();
+  if (r->first != 200) return io_error("GET " + path + ": HTTP " + std::to_string(r->first));
+  return std::move(r->second);
+}
+
 Expected<Plan> make_plan(const Options& opt) {
   auto target = parse_url(opt.url);
   if (!target.ok()) return target.status();

@@ -118,6 +118,10 @@ struct Plan {
 // Connection failure: an error whose message names the URL.
 Expected<Plan> make_plan(const Options& opt);
 
+// GET target.base + path; the body of a 200 answer, else an error naming the status.
+Expected<std::string> http_get(const Target& target, const std::string& path, const std::string& api_key,
+                               double timeout_s);
+
 // The request body of request `index` (deterministic in seed and index).
 std::string request_body(const Options& opt, const Plan& plan, int64_t index);
 

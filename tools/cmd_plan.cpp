@@ -19,8 +19,10 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -123,8 +125,13 @@ int cmd_plan_profile(int argc, char** argv) {
   auto kv_budget = parse_kv_memory(kv_budget_text);
   if (!kv_budget.ok()) return fail(cmd, "--kv-budget: " + kv_budget.status().message());
   if (!out_path.empty()) {  // fail before minutes of measuring, not after
-    std::ofstream probe(out_path, std::ios::app);
-    if (!probe) return fail(cmd, "cannot write '" + out_path + "'");
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(out_path, ec);
+    {
+      std::ofstream probe(out_path, std::ios::app);
+      if (!probe) return fail(cmd, "cannot write '" + out_path + "'");
+    }
+    if (!existed) std::filesystem::remove(out_path, ec);
   }
 
   auto loaded = load_model(cmd, model_path);
@@ -390,6 +397,31 @@ Expected<std::vector<plan::LengthSample>> read_trace(const std::string& path) {
   return out;
 }
 
+// The sum of a Prometheus counter's samples (every label set) in an
+// exposition text; nullopt when absent.
+std::optional<double> counter_sum(const std::string& text, const std::string& name) {
+  double sum = 0;
+  bool any = false;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if (next != ' ' && next != '{') continue;
+    const size_t sp = line.rfind(' ');
+    try {
+      sum += std::stod(std::string(line.substr(sp + 1)));
+      any = true;
+    } catch (...) {
+    }
+  }
+  if (!any) return std::nullopt;
+  return sum;
+}
+
 json percentiles_json(const plan::Percentiles& p) {
   return {{"mean", p.mean}, {"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}};
 }
@@ -554,6 +586,7 @@ int cmd_plan_predict(int argc, char** argv) {
   std::optional<bench_http::RunResult> measured;
   plan::Prediction pred_at_measured = pred;
   double measured_prompt = 0;
+  double engine_steps = -1, engine_busy_s = -1;  // from the server's /metrics (-1: not available)
   if (validate) {
     bench_http::Options bo;
     bo.url = url;
@@ -564,15 +597,36 @@ int cmd_plan_predict(int argc, char** argv) {
     bo.rate = rate;
     bo.seed = seed;
     bo.concurrency = {std::min(requests, 1024)};
-    bo.warmup = 2;  // one at a time before the run, not counted: a cold server is slower
+
     // Prompts no earlier run sent: the model assumes no prefix-cache hits.
     bo.prompt_salt = ((uint64_t)std::random_device{}() << 32) ^ (uint64_t)std::chrono::system_clock::now().time_since_epoch().count();
     auto target = bench_http::make_plan(bo);
     if (!target.ok()) return fail(cmd, target.status().message(), 1);
     std::fprintf(stderr, "%s: replaying %d requests at %.3f req/s against %s ...\n", cmd.c_str(), requests, rate,
                  url.c_str());
+    // The engine's own step count and busy time, from /metrics around the run.
+    auto scrape = [&]() -> std::optional<std::pair<double, double>> {
+      auto m = bench_http::http_get(target->target, "/metrics", api_key, 10);
+      if (!m.ok()) return std::nullopt;
+      auto steps = counter_sum(*m, "serval_engine_steps_total");
+      auto busy = counter_sum(*m, "serval_engine_busy_seconds_total");
+      if (!steps || !busy) return std::nullopt;
+      return std::make_pair(*steps, *busy);
+    };
+    {  // two requests one at a time, not counted: a cold server is slower
+      bench_http::Options wo = bo;
+      wo.rate = 0;
+      wo.requests = 2;
+      if (auto w = bench_http::run_load(wo, *target, 1); !w.ok()) return fail(cmd, w.status().message(), 1);
+    }
+    const auto before = scrape();
     auto r = bench_http::run_load(bo, *target, bo.concurrency[0]);
     if (!r.ok()) return fail(cmd, r.status().message(), 1);
+    const auto after = scrape();
+    if (before && after) {
+      engine_steps = after->first - before->first;
+      engine_busy_s = after->second - before->second;
+    }
     if (r->completed == 0) return fail(cmd, "every request failed: " + r->last_error, 1);
     measured = std::move(*r);
     measured_prompt = (double)measured->prompt_tokens / (double)measured->completed;
@@ -616,7 +670,11 @@ int cmd_plan_predict(int argc, char** argv) {
                            {"ttft_s", percentiles_json(plan::percentiles_of(m.ttft))},
                            {"itl_s", percentiles_json(plan::percentiles_of(m.itl))},
                            {"e2e_s", percentiles_json(plan::percentiles_of(m.e2e))},
-                           {"max_start_lag_s", m.max_start_lag_s}}}};
+                           {"max_start_lag_s", m.max_start_lag_s},
+                           {"engine_steps", engine_steps >= 0 ? json(engine_steps) : json(nullptr)},
+                           {"engine_busy_s", engine_busy_s >= 0 ? json(engine_busy_s) : json(nullptr)}}}};
+      j["validation"]["predicted"]["steps"] = pred_at_measured.steps;
+      j["validation"]["predicted"]["busy_s"] = pred_at_measured.busy_frac * pred_at_measured.duration_s;
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -665,7 +723,7 @@ int cmd_plan_predict(int argc, char** argv) {
                 url.c_str(), (long long)m.completed, requests, measured_prompt);
     std::printf("  %-16s %12s %12s %8s\n", "", "predicted", "measured", "error");
     auto row = [](const char* name, double pr, double me) {
-      std::printf("  %-16s %12.4f %12.4f %+7.1f%%\n", name, pr, me, me != 0 ? 100 * (pr - me) / me : 0.0);
+      std::printf("  %-16s %12.4g %12.4g %+7.1f%%\n", name, pr, me, me != 0 ? 100 * (pr - me) / me : 0.0);
     };
     row("requests/s", q.req_s, (double)m.completed / wall);
     row("gen tok/s", q.gen_tok_s, (double)m.gen_tokens / wall);
@@ -675,6 +733,11 @@ int cmd_plan_predict(int argc, char** argv) {
     row("ITL p99 s", q.itl.p99, it.p99);
     row("E2E p50 s", q.e2e.p50, ee.p50);
     row("E2E p99 s", q.e2e.p99, ee.p99);
+    if (engine_steps > 0) {
+      row("engine steps", (double)q.steps, engine_steps);
+      row("engine busy s", q.busy_frac * q.duration_s, engine_busy_s);
+      row("s per step", q.busy_frac * q.duration_s / std::max<double>(1, (double)q.steps), engine_busy_s / engine_steps);
+    }
     if (m.failed) std::printf("  %lld requests failed (last error: %s)\n", (long long)m.failed, m.last_error.c_str());
     if (m.max_start_lag_s > 0.05)
       std::printf("  note: the load generator started a request %.2f s late\n", m.max_start_lag_s);

@@ -26,7 +26,7 @@ struct PlanOptions {
   int64_t max_model_len = 4096;
   // The settings searched (serve's defaults are always among them).
   std::vector<int32_t> max_seqs_grid{4, 8, 16, 32, 64, 128};
-  std::vector<int32_t> batch_tokens_grid{128, 256, 512, 1024, 2048};
+  std::vector<int32_t> batch_tokens_grid{32, 64, 128, 256, 512, 1024, 2048};
 };
 
 struct Recommendation {

@@ -186,6 +186,8 @@ json to_json(const Profile& p) {
 
 namespace {
 
+constexpr size_t kMaxPoints = 4096;  // per array of a profile
+
 // Typed, bounded field access; errors name the field path.
 struct Reader {
   Status st;
@@ -210,6 +212,25 @@ struct Reader {
       return empty;
     }
     return j.at(key);
+  }
+  // fn(item, "path.key[i].") for each element of the array j[key], which must
+  // be objects; an absent key is an error only when required.
+  template <typename F>
+  void each(const json& j, const char* key, const std::string& path, bool required, F&& fn) {
+    if (!st.ok()) return;
+    if (!j.contains(key)) {
+      if (required) st = invalid_argument("profile: '" + path + key + "' must be an array");
+      return;
+    }
+    const json& a = arr(j, key, path, kMaxPoints);
+    for (size_t i = 0; st.ok() && i < a.size(); ++i) {
+      const std::string item = path + key + "[" + std::to_string(i) + "].";
+      if (!a[i].is_object()) {
+        st = invalid_argument("profile: '" + item + "' must be an object");
+        return;
+      }
+      fn(a[i], item);
+    }
   }
   std::string str(const json& j, const char* key, const std::string& path) {
     if (!st.ok()) return {};
@@ -275,59 +296,32 @@ Expected<Profile> profile_from_json(const json& j) {
     p.fp32_gflops = r.num(rl, "fp32_gflops", "roofline.", 0, 1e9, false);
     p.int8_gops = r.num(rl, "int8_gops", "roofline.", 0, 1e9, false);
   }
-  constexpr size_t kMaxPoints = 4096;
-  const json& pre = r.arr(j, "prefill", "", kMaxPoints);
-  for (size_t i = 0; r.st.ok() && i < pre.size(); ++i) {
-    const std::string path = "prefill[" + std::to_string(i) + "].";
-    if (!pre[i].is_object()) return invalid_argument("profile: '" + path + "' must be an object");
-    const auto n = (int32_t)r.num(pre[i], "n_tokens", path, 1, 1 << 20);
-    const double sec = r.num(pre[i], "seconds", path, 1e-9, 1e6);
-    p.prefill.push_back({n, sec, (int64_t)r.num(pre[i], "start", path, 0, 1 << 24, false)});
-  }
-  if (j.contains("decode")) {
-    const json& dec = r.arr(j, "decode", "", kMaxPoints);
-    for (size_t i = 0; r.st.ok() && i < dec.size(); ++i) {
-      const std::string path = "decode[" + std::to_string(i) + "].";
-      if (!dec[i].is_object()) return invalid_argument("profile: '" + path + "' must be an object");
-      p.decode.push_back({(int32_t)r.num(dec[i], "batch", path, 1, 1 << 16), (int64_t)r.num(dec[i], "depth", path, 0, 1 << 24),
-                          r.num(dec[i], "seconds", path, 1e-9, 1e6)});
-    }
-  }
-  if (j.contains("engine")) {
-    const json& eng = r.arr(j, "engine", "", kMaxPoints);
-    for (size_t i = 0; r.st.ok() && i < eng.size(); ++i) {
-      const std::string path = "engine[" + std::to_string(i) + "].";
-      if (!eng[i].is_object()) return invalid_argument("profile: '" + path + "' must be an object");
-      p.engine.push_back({(int32_t)r.num(eng[i], "batch", path, 1, 1 << 16), (int64_t)r.num(eng[i], "depth", path, 0, 1 << 24),
-                          r.num(eng[i], "itl_s", path, 1e-9, 1e6)});
-    }
-  }
+  r.each(j, "prefill", "", true, [&](const json& o, const std::string& path) {
+    p.prefill.push_back({(int32_t)r.num(o, "n_tokens", path, 1, 1 << 20), r.num(o, "seconds", path, 1e-9, 1e6),
+                         (int64_t)r.num(o, "start", path, 0, 1 << 24, false)});
+  });
+  r.each(j, "decode", "", false, [&](const json& o, const std::string& path) {
+    p.decode.push_back({(int32_t)r.num(o, "batch", path, 1, 1 << 16), (int64_t)r.num(o, "depth", path, 0, 1 << 24),
+                        r.num(o, "seconds", path, 1e-9, 1e6)});
+  });
+  r.each(j, "engine", "", false, [&](const json& o, const std::string& path) {
+    p.engine.push_back({(int32_t)r.num(o, "batch", path, 1, 1 << 16), (int64_t)r.num(o, "depth", path, 0, 1 << 24),
+                        r.num(o, "itl_s", path, 1e-9, 1e6)});
+  });
   if (!r.st.ok()) return r.st;
   // The fitted model is recomputed from the points, so a hand-edited point
   // and a stale fit cannot disagree; a file with a step_model but no points
   // (a synthetic profile) keeps its own.
   if (j.contains("step_model") && p.prefill.size() < 2) {
     const json& sm = r.obj(j, "step_model", "");
-    const json& mm = r.arr(sm, "matmul", "step_model.", kMaxPoints);
-    for (size_t i = 0; r.st.ok() && i < mm.size(); ++i) {
-      const std::string path = "step_model.matmul[" + std::to_string(i) + "].";
-      if (!mm[i].is_object()) return invalid_argument("profile: '" + path + "' must be an object");
-      const auto n = (int32_t)r.num(mm[i], "n_tokens", path, 1, 1 << 20);
-      p.matmul.push_back({n, r.num(mm[i], "seconds", path, 1e-9, 1e6), 0});
-    }
+    r.each(sm, "matmul", "step_model.", true, [&](const json& o, const std::string& path) {
+      p.matmul.push_back({(int32_t)r.num(o, "n_tokens", path, 1, 1 << 20), r.num(o, "seconds", path, 1e-9, 1e6), 0});
+    });
     p.attn_decode_s_per_pair = r.num(sm, "attn_decode_s_per_pair", "step_model.", 0, 1);
     p.attn_prefill_s_per_pair = r.num(sm, "attn_prefill_s_per_pair", "step_model.", 0, 1);
-    if (sm.contains("per_seq")) {
-      const json& ps = r.arr(sm, "per_seq", "step_model.", kMaxPoints);
-      for (size_t i = 0; r.st.ok() && i < ps.size(); ++i) {
-        const std::string path = "step_model.per_seq[" + std::to_string(i) + "].";
-        if (!ps[i].is_object()) return invalid_argument("profile: '" + path + "' must be an object");
-        const auto n = (int32_t)r.num(ps[i], "n_seqs", path, 1, 1 << 20);
-        p.per_seq.push_back({n, r.num(ps[i], "seconds", path, 0, 1e6), 0});
-      }
-    }
-    p.engine_step_s = r.num(sm, "engine_step_s", "step_model.", 0, 10);
-    p.engine_seq_s = r.num(sm, "engine_seq_s", "step_model.", 0, 10);
+    r.each(sm, "per_seq", "step_model.", false, [&](const json& o, const std::string& path) {
+      p.per_seq.push_back({(int32_t)r.num(o, "n_seqs", path, 1, 1 << 20), r.num(o, "seconds", path, 0, 1e6), 0});
+    });
     if (!r.st.ok()) return r.st;
     if (p.matmul.empty()) return invalid_argument("profile: 'step_model.matmul' is empty");
     for (const auto* table : {&p.matmul, &p.per_seq})

@@ -111,7 +111,10 @@ Prediction simulate(const Profile& p, const EngineShape& shape, const Workload& 
     std::sort(v.begin(), v.end(), more_important);
     return v;
   };
-  auto erase_id = [](std::vector<size_t>& v, size_t id) { v.erase(std::find(v.begin(), v.end(), id)); };
+  auto erase_id = [](std::vector<size_t>& v, size_t id) {
+    auto it = std::find(v.begin(), v.end(), id);
+    if (it != v.end()) v.erase(it);
+  };
   int64_t free_blocks = shape.kv_blocks;
   size_t next_arrival = 0;
   double t = 0, busy = 0, prefill_busy = 0, kv_area = 0, last_completion = 0;
