@@ -180,17 +180,48 @@ Recommendation recommend(const Profile& p, const Workload& w, const Slo& slo, co
     if (n >= opt.max_replicas) break;
   }
   if (!found.found) {
+    // Which objective each setting misses at the most replicas: prompts
+    // either stall the decodes past the ITL objective (large chunks) or take
+    // past the TTFT objective (small chunks), or the KV memory admits too few.
     Workload wn = w;
     wn.rate /= opt.max_replicas;
-    const EngineShape s = shape_for(p, w, opt, 64, 512);
     rec.replicas = opt.max_replicas;
-    rec.shape = s;
-    if (validate_inputs(s, wn).ok()) {
-      rec.per_replica = simulate(p, s, wn);
-      rec.binding = binding_resource(p, s, rec.per_replica, &rec.why);
+    bool any_valid = false, any_ttft = false, any_itl = false, any_unsaturated = false;
+    int32_t itl_ok_max_budget = 0, ttft_ok_min_budget = 0;
+    double best = -1;
+    for (int32_t ms : opt.max_seqs_grid)
+      for (int32_t bt : opt.batch_tokens_grid) {
+        const EngineShape s = shape_for(p, w, opt, ms, bt);
+        if (!validate_inputs(s, wn).ok()) continue;
+        any_valid = true;
+        const Prediction pr = simulate(p, s, wn);
+        const bool ttft_ok = slo.ttft_p99_s <= 0 || pr.ttft.p99 <= slo.ttft_p99_s;
+        const bool itl_ok = slo.itl_p99_s <= 0 || pr.itl.p99 <= slo.itl_p99_s;
+        any_unsaturated = any_unsaturated || !pr.saturated;
+        if (ttft_ok) any_ttft = true, ttft_ok_min_budget = ttft_ok_min_budget ? std::min(ttft_ok_min_budget, bt) : bt;
+        if (itl_ok) any_itl = true, itl_ok_max_budget = std::max(itl_ok_max_budget, bt);
+        const double sc = score(pr, slo);
+        if (best < 0 || sc < best) best = sc, rec.shape = s, rec.per_replica = pr;
+      }
+    const std::string n = std::to_string(opt.max_replicas);
+    if (!any_valid) {
+      rec.binding = "KV memory";
+      rec.why = "no setting's KV pool holds a request of " + std::to_string(longest_request(w)) + " tokens";
+    } else if (!any_unsaturated) {
+      rec.binding = binding_resource(p, rec.shape, rec.per_replica, &rec.why);
+      rec.why = "even " + n + " replicas are saturated (" + rec.why + ")";
+    } else if (any_ttft && any_itl) {
+      rec.binding = "compute";
+      rec.why = fmt("prefill: chunks that keep ITL p99 within %.3f s (budgets up to %.0f tokens) make TTFT p99 exceed "
+                    "%.2f s, and budgets of %.0f tokens or more that meet the TTFT objective stall decodes past the "
+                    "ITL objective, at any number of replicas up to ",
+                    slo.itl_p99_s, (double)itl_ok_max_budget, slo.ttft_p99_s, (double)ttft_ok_min_budget) +
+                n + "; relax one objective or shorten the prompts";
+    } else {
+      rec.binding = "compute";
+      rec.why = std::string(any_ttft ? "ITL" : "TTFT") + " p99 misses its objective with every setting at " + n +
+                " replicas: the step times of this model on this machine are too long for it";
     }
-    rec.why = "no setting meets the objectives with " + std::to_string(opt.max_replicas) + " replicas (" +
-              (rec.why.empty() ? std::string("no setting fits the KV memory") : rec.why) + ")";
     return rec;
   }
   while (hi - lo > 1) {
