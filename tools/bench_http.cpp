@@ -413,12 +413,6 @@ Status ensure_fd_limit(int concurrency) {
   return {};
 }
 
-double mean_of(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / (double)v.size();
-}
-
 void merge(RunResult& into, RunResult&& from) {
   into.completed += from.completed;
   into.failed += from.failed;
@@ -615,14 +609,6 @@ Expected<std::vector<int>> parse_concurrency(const std::string& s) {
 }  // namespace
 
 // ---- public pieces ----
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double idx = std::clamp(p, 0.0, 100.0) / 100.0 * (double)(v.size() - 1);
-  const size_t lo = (size_t)idx, hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (idx - (double)lo);
-}
 
 Expected<Target> parse_url(std::string_view url) {
   const std::string shown = excerpt(url, 100);

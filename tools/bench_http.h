@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/stats.h"
 #include "common/status.h"
 
 namespace serval::cli {
@@ -54,8 +55,8 @@ class SseParser {
   bool has_data_ = false;
 };
 
-// Linear-interpolated percentile (p in [0, 100]) of v; 0 when empty.
-double percentile(std::vector<double> v, double p);
+// Linear-interpolated percentile (p in [0, 100]) of v; 0 when empty (common/stats.h).
+using serval::percentile;
 
 enum class Endpoint { completions, chat };
 

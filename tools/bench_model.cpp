@@ -20,6 +20,7 @@
 
 #include "bench_model.h"
 #include "cli_util.h"
+#include "common/stats.h"
 #include "common/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kv_cache/kv_storage.h"
@@ -36,19 +37,6 @@ struct Test {
   int n_depth = 0;  // tokens already in the context (prefilled, not timed)
   std::vector<double> seconds;  // measured runs
 };
-
-double mean_of(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / (double)v.size();
-}
-double stddev_of(const std::vector<double>& v) {
-  if (v.size() < 2) return 0;
-  const double m = mean_of(v);
-  double s = 0;
-  for (double x : v) s += (x - m) * (x - m);
-  return std::sqrt(s / (double)(v.size() - 1));
-}
 
 class Runner {
  public:

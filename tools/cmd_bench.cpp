@@ -18,6 +18,7 @@
 #include "spec_flags.h"
 #include "commands.h"
 #include "common/splitmix.h"
+#include "common/stats.h"
 #include "model/model.h"
 #include "serval/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -26,20 +27,6 @@ namespace serval::cli {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double idx = p / 100.0 * (double)(v.size() - 1);
-  const size_t lo = (size_t)idx, hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (idx - (double)lo);
-}
-
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / (double)v.size();
-}
 
 struct RunResult {
   int concurrency = 0;
@@ -177,12 +164,12 @@ RunResult run_once(const std::shared_ptr<const Model>& model, const Tokenizer& t
   for (const auto& p : prompts) r.prompt_tokens += (int64_t)p.size();
   r.gen_tok_s = (double)gen / r.wall_s;
   r.prefill_tok_s = (double)r.prompt_tokens / r.wall_s;
-  r.ttft_mean = mean(ttft);
+  r.ttft_mean = mean_of(ttft);
   r.ttft_p50 = percentile(ttft, 50);
   r.ttft_p99 = percentile(ttft, 99);
   r.ttft_first = ttft.empty() ? 0 : ttft[0];
   r.ttft_rest_p50 = ttft.size() > 1 ? percentile(std::vector<double>(ttft.begin() + 1, ttft.end()), 50) : 0;
-  r.itl_mean = mean(itl);
+  r.itl_mean = mean_of(itl);
   r.itl_p50 = percentile(itl, 50);
   r.itl_p99 = percentile(itl, 99);
   r.stats = engine.stats();

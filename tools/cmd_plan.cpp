@@ -35,6 +35,7 @@
 #include "commands.h"
 #include "common/json_depth.h"
 #include "common/roofline.h"
+#include "common/stats.h"
 #include "common/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kv_cache/kv_storage.h"
@@ -52,10 +53,7 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+double median(std::vector<double> v) { return percentile(std::move(v), 50); }
 
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");

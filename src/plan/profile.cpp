@@ -13,7 +13,9 @@ using nlohmann::json;
 
 namespace {
 
-double interp_matmul(const std::vector<ChunkPoint>& m, double n) {
+// A piecewise-linear table (matmul T(n), per-sequence S(n)) at n; the last
+// segment extends beyond the largest point.
+double interp_table(const std::vector<ChunkPoint>& m, double n) {
   if (m.empty()) return 0;
   if (m.size() == 1) return m[0].seconds * n / (double)m[0].n_tokens;
   if (n <= m.front().n_tokens) {
@@ -33,9 +35,9 @@ double interp_matmul(const std::vector<ChunkPoint>& m, double n) {
 
 double step_seconds(const Profile& p, int64_t n_tokens, double decode_pairs, double prefill_pairs, int64_t n_seqs) {
   if (n_tokens <= 0) return 0;
-  double t = interp_matmul(p.matmul, (double)n_tokens);
+  double t = interp_table(p.matmul, (double)n_tokens);
   t += p.attn_decode_s_per_pair * decode_pairs + p.attn_prefill_s_per_pair * prefill_pairs;
-  if (n_seqs > 1) t += std::max(0.0, interp_matmul(p.per_seq, (double)n_seqs));
+  if (n_seqs > 1) t += std::max(0.0, interp_table(p.per_seq, (double)n_seqs));
   t += p.engine_step_s + p.engine_seq_s * (double)n_seqs;
   return t;
 }

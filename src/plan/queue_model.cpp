@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/splitmix.h"
+#include "common/stats.h"
 
 namespace serval::plan {
 
@@ -11,17 +12,10 @@ Percentiles percentiles_of(std::vector<double> v) {
   Percentiles p;
   if (v.empty()) return p;
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) {
-    const double idx = q / 100.0 * (double)(v.size() - 1);
-    const size_t lo = (size_t)idx, hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (idx - (double)lo);
-  };
-  double s = 0;
-  for (double x : v) s += x;
-  p.mean = s / (double)v.size();
-  p.p50 = at(50);
-  p.p90 = at(90);
-  p.p99 = at(99);
+  p.mean = mean_of(v);
+  p.p50 = percentile_sorted(v, 50);
+  p.p90 = percentile_sorted(v, 90);
+  p.p99 = percentile_sorted(v, 99);
   return p;
 }
 
