@@ -9,6 +9,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev
   python3 python3-jinja2 python3-jsonschema
   libpcre2-dev
+  libsqlite3-dev                                 # batch jobs' state (src/server/batch_store)
   libboost-dev curl nodejs
   prometheus
   qemu-user                                      # tests/dispatch: the binary on CPUs without AVX-512 / AVX2

@@ -17,6 +17,9 @@
 #include "common/thread_pool.h"
 #include "model/model.h"
 #include "serval/engine.h"
+#include "server/batch_api.h"
+#include "server/batch_runner.h"
+#include "server/batch_store.h"
 #include "server/http_server.h"
 #include "server/openai_server.h"
 #include "tokenizer/tokenizer.h"
@@ -34,6 +37,12 @@ bool read_file(const std::string& path, std::string* out, size_t max_bytes) {
 }
 
 }  // namespace
+
+std::string default_batch_dir() {
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x) return std::string(x) + "/serval/batches";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/share/serval/batches";
+  return {};
+}
 
 int cmd_serve(int argc, char** argv) {
   const std::string cmd = "serval serve";
@@ -108,6 +117,21 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "rapl"}));
   app.add_option("--grid-intensity", grid_intensity, "carbon intensity of the power, g CO2e per kWh (0: off)")
       ->check(CLI::Range(0.0, 5000.0));
+  std::string batch_dir;
+  int batch_concurrency = 8;
+  bool batch_fsync = false, no_batch = false;
+  server::BatchLimits batch_limits;
+  app.add_option("--batch-dir", batch_dir,
+                 "Files and Batches APIs: where uploads, results and the job database (SQLite) live "
+                 "(default: $XDG_DATA_HOME/serval/batches or ~/.local/share/serval/batches)");
+  app.add_flag("--no-batch", no_batch, "turn the Files and Batches APIs off");
+  app.add_option("--batch-concurrency", batch_concurrency,
+                 "batch lines in flight at once (they run behind every interactive request)")
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--batch-fsync", batch_fsync,
+               "fsync every committed batch line and file (survives power loss, not only a crash; slower)");
+  app.add_option("--batch-max-lines", batch_limits.max_lines, "most lines in one batch input file")
+      ->check(CLI::Range((size_t)1, (size_t)10'000'000));
   if (auto rc = parse(app, argc, argv)) return *rc;
 
   if (!api_key_file.empty()) {
@@ -208,6 +232,40 @@ int cmd_serve(int argc, char** argv) {
   if (!api.ok()) return fail(cmd, api.status().message());
   server::OpenAiServer* api_raw = api->get();
 
+  // Files and Batches APIs: a store (SQLite + files), a runner thread that
+  // sends lines through the API at the lowest priority, and the routes.
+  std::unique_ptr<server::BatchStore> batch_store;
+  std::unique_ptr<server::BatchRunner> batch_runner;
+  std::unique_ptr<server::BatchApi> batch_api;
+  if (!no_batch) {
+    const bool explicit_dir = !batch_dir.empty();
+    if (!explicit_dir) batch_dir = default_batch_dir();
+    batch_limits.max_file_bytes = std::min(batch_limits.max_file_bytes, max_body);
+    auto store = batch_dir.empty() ? Expected<std::unique_ptr<server::BatchStore>>(io_error("no HOME for a default folder"))
+                                   : server::BatchStore::open({batch_dir, "", batch_fsync});
+    if (!store.ok()) {
+      if (explicit_dir) return fail(cmd, "--batch-dir: " + store.status().message());
+      std::fprintf(stderr, "serval serve: warning: Files and Batches APIs off: %s (set --batch-dir)\n",
+                   store.status().message().c_str());
+    } else {
+      batch_store = std::move(store.value());
+      server::BatchRunnerConfig rc;
+      rc.concurrency = batch_concurrency;
+      rc.limits = batch_limits;
+      batch_runner = std::make_unique<server::BatchRunner>(
+          *batch_store,
+          [api_raw](const server::LineCall& c, std::function<void(server::LineReply)> done) {
+            return api_raw->execute_line(c, std::move(done));
+          },
+          rc);
+      batch_api = std::make_unique<server::BatchApi>(*batch_store, *batch_runner, batch_limits);
+      api_raw->set_batch_api(batch_api.get());
+      batch_runner->start();
+      std::fprintf(stderr, "serval serve: batches in %s (%d lines in flight at most)\n", batch_dir.c_str(),
+                   batch_concurrency);
+    }
+  }
+
   http::HttpServerConfig hcfg;
   hcfg.host = host;
   hcfg.port = (uint16_t)port;
@@ -232,6 +290,8 @@ int cmd_serve(int argc, char** argv) {
     std::fprintf(stderr, "serval serve: signal %d: draining (%zu requests in flight, up to %.0f s)\n", sig,
                  api_raw->in_flight(), drain_timeout);
     api_raw->begin_drain();
+    // Batch lines in flight are cancelled, not waited for: uncommitted, they run again after a restart.
+    if (batch_runner) batch_runner->stop();
     // A second signal stops at once.
     std::thread second([&] {
       int s2 = 0;
@@ -253,6 +313,8 @@ int cmd_serve(int argc, char** argv) {
                (long long)info.max_model_len, threads > 0 ? threads : ThreadPool::default_threads());
   std::fflush(stderr);
   hs->run();
+  // Batch lines still running are cancelled, not committed: they run again on restart.
+  if (batch_runner) batch_runner->stop();
   const size_t left = api_raw->in_flight();
   signal_thread.join();
   http_server->reset();

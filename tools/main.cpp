@@ -20,6 +20,7 @@ void usage(FILE* f) {
                "  imatrix    importance matrix of a model over a text (for quantize --imatrix)\n"
                "  perplexity perplexity over a text; KL divergence against a reference model\n"
                "  bench      benchmarks (throughput: the engine under load; model: pp/tg like llama-bench; http)\n"
+               "  batch      run an OpenAI batch file (JSONL) offline, resumable\n"
                "  plan       capacity planning: profile a model on this machine, predict latency and size replicas\n"
                "\n"
                "Run 'serval <command> --help' for the options of a command.\n");
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   if (cmd == "imatrix") return serval::cli::cmd_imatrix(argc - 1, argv + 1);
   if (cmd == "perplexity") return serval::cli::cmd_perplexity(argc - 1, argv + 1);
   if (cmd == "bench") return serval::cli::cmd_bench(argc - 1, argv + 1);
+  if (cmd == "batch") return serval::cli::cmd_batch(argc - 1, argv + 1);
   if (cmd == "plan") return serval::cli::cmd_plan(argc - 1, argv + 1);
   std::fprintf(stderr, "serval: unknown command '%s' (see 'serval --help')\n", cmd.c_str());
   return 2;

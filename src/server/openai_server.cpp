@@ -1,5 +1,7 @@
 #include "server/openai_server.h"
 
+#include "server/batch_api.h"
+
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -37,8 +39,7 @@ std::string bearer_token(const http::HttpRequest& req) {
 // cached_tokens. 0 (one shared namespace) without keys or when configured.
 uint64_t tenant_salt(const ServerConfig& cfg, const http::HttpRequest& req) {
   if (cfg.api_keys.empty() || cfg.shared_prefix_cache) return 0;
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
-  for (unsigned char c : bearer_token(req)) h = (h ^ c) * 0x100000001b3ull;
+  const uint64_t h = fnv1a64(bearer_token(req));  // as owner_of(): batch lines share their owner's namespace
   return h ? h : 1;
 }
 
@@ -448,15 +449,115 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
     if (!post) return method_not_allowed(ch, "POST");
     return handle_detokenize(req, ch);
   }
+  if (BatchApi::routes(path)) {
+    if (!batch_api_)
+      return send_error(ch, ApiError{404, "the Files and Batches APIs are off on this server (see --batch-dir)",
+                                     "invalid_request_error", "", "not_found"});
+    return batch_api_->handle(req, owner_of(req), ch);
+  }
   send_error(ch, ApiError{404, "no route for " + req.method + " " + path, "invalid_request_error", "", "not_found"});
 }
 
+std::string OpenAiServer::owner_of(const http::HttpRequest& req) const {
+  if (cfg_.api_keys.empty()) return "anonymous";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "key-%016llx", (unsigned long long)fnv1a64(bearer_token(req)));
+  return buf;
+}
+
+namespace {
+
+// The response channel of a batch line: the whole response goes to `done`.
+class CaptureChannel : public http::ResponseChannel {
+ public:
+  explicit CaptureChannel(std::function<void(LineReply)> done) : done_(std::move(done)) {}
+  void send(int status, std::string, std::string body, http::Headers) override { finish(status, std::move(body)); }
+  void start_stream(int, std::string, http::Headers) override {}  // lines are never streamed
+  void write(std::string) override {}
+  void end() override { finish(500, R"({"error":{"message":"unexpected streamed response","type":"server_error"}})"); }
+  void on_disconnect(std::function<void()> fn) override {
+    bool now = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (cancelled_) now = true;
+      else on_disconnect_ = std::move(fn);
+    }
+    if (now && fn) fn();
+  }
+  bool disconnected() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return cancelled_;
+  }
+  void cancel() {
+    std::function<void()> fn;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      fn = std::move(on_disconnect_);
+    }
+    if (fn) fn();
+  }
+
+ private:
+  void finish(int status, std::string body) {
+    std::function<void(LineReply)> done;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done = std::move(done_);
+      done_ = nullptr;
+    }
+    if (done) done(LineReply{status, std::move(body)});
+  }
+  mutable std::mutex mu_;
+  std::function<void(LineReply)> done_;
+  std::function<void()> on_disconnect_;
+  bool cancelled_ = false;
+};
+
+}  // namespace
+
+std::function<void()> OpenAiServer::execute_line(const LineCall& call, std::function<void(LineReply)> done) {
+  auto cap = std::make_shared<CaptureChannel>(std::move(done));
+  std::function<void()> cancel = [cap] { cap->cancel(); };
+  http::HttpRequest req;
+  req.method = "POST";
+  req.path = call.url;
+  req.body = call.body;
+  req.remote = "batch";
+  auto obs = obs_->begin(req);
+  obs->set_tenant("batch");
+  auto ch = obs_->wrap(cap, obs);
+  if (draining_) {
+    send_error(ch, ApiError{503, "server is shutting down; no new requests", "server_error", "", "draining"});
+    return cancel;
+  }
+  InternalCall ic;
+  ic.priority = kBatchPriority;
+  if (!cfg_.api_keys.empty() && !cfg_.shared_prefix_cache && call.owner.rfind("key-", 0) == 0) {
+    ic.salt = std::strtoull(call.owner.c_str() + 4, nullptr, 16);
+    if (ic.salt == 0) ic.salt = 1;
+  }
+  const bool chat = call.url == "/v1/chat/completions";
+  if (!chat && call.url != "/v1/completions") {
+    send_error(ch, bad_request("url: not a batch endpoint", "url"));
+    return cancel;
+  }
+  handle_generate(req, ch, chat, std::move(obs), &ic);
+  return cancel;
+}
+
 void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::shared_ptr<http::ResponseChannel> ch,
-                                   bool chat, std::shared_ptr<RequestObservation> obs) {
+                                   bool chat, std::shared_ptr<RequestObservation> obs, const InternalCall* internal) {
   obs->set_generation(false);
   auto parsed = parse_openai_request(http_req.body, chat, parse_ctx_);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
   ParsedRequest& r = std::get<ParsedRequest>(parsed);
+  if (internal) {  // a batch line: one JSON response, behind interactive requests
+    r.stream = false;
+    r.include_usage = false;
+    r.priority = internal->priority;
+  }
 
   // Admission: bounded requests and tokens in flight; past them, 429 with a
   // Retry-After estimated from the current drain rate.
@@ -482,7 +583,7 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
                       {{"Retry-After", std::to_string(retry)}});
   }
 
-  const uint64_t salt = tenant_salt(cfg_, http_req);
+  const uint64_t salt = internal ? internal->salt : tenant_salt(cfg_, http_req);
   auto job = std::make_shared<Job>();
   job->srv = this;
   job->id = random_id(chat ? "chatcmpl" : "cmpl");

@@ -20,11 +20,14 @@
 #include <vector>
 
 #include "serval/engine.h"
+#include "server/batch_runner.h"
 #include "server/http_server.h"
 #include "server/observability.h"
 #include "server/openai_request.h"
 
 namespace serval::server {
+
+class BatchApi;
 
 struct ServerConfig {
   std::vector<std::string> api_keys;         // empty: no auth
@@ -56,14 +59,32 @@ class OpenAiServer {
   size_t in_flight() const { return inflight_requests_; }
 
   std::string metrics_text() const;
+
+  // The owner of a request's files and batches: "anonymous" without API keys,
+  // else "key-" + a hash of its key (the key itself is never stored).
+  std::string owner_of(const http::HttpRequest& req) const;
+  // Runs one batch line (POST `call.url` with `call.body`) through the same
+  // parsing, limits and response bodies as an HTTP request, not streamed, at
+  // kBatchPriority (behind every interactive request), in the owner's
+  // prefix-cache namespace. done() is called once with the status and body
+  // (503 while draining, 429 at capacity: the runner retries those). Returns
+  // a canceller. Any thread.
+  std::function<void()> execute_line(const LineCall& call, std::function<void(LineReply)> done);
+  static constexpr int32_t kBatchPriority = 2'000'000;  // the API allows priorities up to 1,000,000
+  // Routes /v1/files and /v1/batches to `api` (not owned; null: 404).
+  void set_batch_api(BatchApi* api) { batch_api_ = api; }
   const std::string& model_name() const { return cfg_.model_name; }
 
   struct Job;
 
  private:
   OpenAiServer(Engine& engine, ServerConfig cfg) : engine_(engine), cfg_(std::move(cfg)) {}
+  struct InternalCall {
+    int32_t priority = 0;
+    uint64_t salt = 0;
+  };
   void handle_generate(const http::HttpRequest& req, std::shared_ptr<http::ResponseChannel> ch, bool chat,
-                       std::shared_ptr<RequestObservation> obs);
+                       std::shared_ptr<RequestObservation> obs, const InternalCall* internal = nullptr);
   void handle_engine_state(const std::shared_ptr<http::ResponseChannel>& ch);
   // POST /v1/engine/pause | resume | step ({"steps": n}, 1..1000): Engine's
   // stepping control, for deterministic tests and for operators holding a
@@ -91,6 +112,7 @@ class OpenAiServer {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
   std::unique_ptr<Observability> obs_;
+  BatchApi* batch_api_ = nullptr;
 
   mutable std::mutex mu_;  // guards the map below
   std::map<uint64_t, std::shared_ptr<Job>> jobs_;  // owns each job until job_done()
