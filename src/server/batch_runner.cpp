@@ -150,33 +150,37 @@ BatchRunner::BatchRunner(BatchStore& store, LineExecutor exec, BatchRunnerConfig
 BatchRunner::~BatchRunner() { stop(); }
 
 void BatchRunner::start() {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> tl(th_mu_);
   if (th_.joinable()) return;
-  stop_ = false;
+  {
+    std::lock_guard<std::mutex> lk(inbox_->mu);
+    inbox_->stop = false;
+  }
   th_ = std::thread([this] { loop(); });
 }
 
 void BatchRunner::stop() {
+  std::lock_guard<std::mutex> tl(th_mu_);
+  if (!th_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!th_.joinable()) return;
-    stop_ = true;
+    std::lock_guard<std::mutex> lk(inbox_->mu);
+    inbox_->stop = true;
   }
-  cv_.notify_all();
+  inbox_->cv.notify_all();
   th_.join();
 }
 
 void BatchRunner::wake() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    wake_ = true;
+    std::lock_guard<std::mutex> lk(inbox_->mu);
+    inbox_->wake = true;
   }
-  cv_.notify_all();
+  inbox_->cv.notify_all();
 }
 
 void BatchRunner::set_progress(std::function<void(const BatchProgress&)> fn) {
-  std::lock_guard<std::mutex> lk(mu_);
-  progress_ = std::move(fn);
+  std::lock_guard<std::mutex> lk(inbox_->mu);
+  inbox_->progress = std::move(fn);
 }
 
 int64_t BatchRunner::in_flight() const { return n_inflight_.load(); }
@@ -191,14 +195,15 @@ void BatchRunner::loop() {
     std::vector<Reply> replies;
     bool stopping = false;
     {
-      std::unique_lock<std::mutex> lk(mu_);
+      Inbox& in = *inbox_;
+      std::unique_lock<std::mutex> lk(in.mu);
       const double wait = std::max(0.0, next_poll - now_s());
-      cv_.wait_for(lk, std::chrono::duration<double>(std::min(wait, cfg_.poll_s)),
-                   [&] { return stop_ || wake_ || !replies_.empty(); });
-      replies.swap(replies_);
-      stopping = stop_;
-      if (wake_) next_poll = 0;
-      wake_ = false;
+      in.cv.wait_for(lk, std::chrono::duration<double>(std::min(wait, cfg_.poll_s)),
+                     [&] { return in.stop || in.wake || !in.replies.empty(); });
+      replies.swap(in.replies);
+      stopping = in.stop;
+      if (in.wake) next_poll = 0;
+      in.wake = false;
     }
     commit_replies(std::move(replies));
     if (stopping) break;
@@ -213,8 +218,8 @@ void BatchRunner::loop() {
   for (auto& [id, a] : active_) cancel_inflight(a);
   std::vector<Reply> last;
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    last.swap(replies_);
+    std::lock_guard<std::mutex> lk(inbox_->mu);
+    last.swap(inbox_->replies);
   }
   commit_replies(std::move(last));
   active_.clear();
@@ -343,12 +348,12 @@ void BatchRunner::dispatch() {
       a->inflight[line] = nullptr;
       LineCall call{l.url, l.body, a->rec.owner};
       a->inflight_lines.emplace(line, std::move(l));
-      auto cancel = exec_(call, [this, batch_id, line](LineReply r) {
+      auto cancel = exec_(call, [inbox = inbox_, batch_id, line](LineReply r) {
         {
-          std::lock_guard<std::mutex> lk(mu_);
-          replies_.push_back(Reply{batch_id, line, std::move(r)});
+          std::lock_guard<std::mutex> lk(inbox->mu);
+          inbox->replies.push_back(Reply{batch_id, line, std::move(r)});
         }
-        cv_.notify_all();
+        inbox->cv.notify_all();
       });
       auto it = a->inflight.find(line);
       if (it != a->inflight.end()) it->second = std::move(cancel);
@@ -488,8 +493,8 @@ void BatchRunner::finalize(const BatchRecord& rec, const std::string& final_stat
 void BatchRunner::report(const BatchRecord& b, int64_t in_flight) {
   std::function<void(const BatchProgress&)> fn;
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    fn = progress_;
+    std::lock_guard<std::mutex> lk(inbox_->mu);
+    fn = inbox_->progress;
   }
   if (!fn) return;
   BatchProgress p;

@@ -19,6 +19,7 @@
 // and only queue the reply. Public methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -145,11 +146,17 @@ class BatchRunner {
   LineExecutor exec_;
   BatchRunnerConfig cfg_;
 
-  mutable std::mutex mu_;  // guards replies_, wake_, stop_, progress_
-  std::condition_variable cv_;
-  std::vector<Reply> replies_;
-  bool wake_ = false, stop_ = false;
-  std::function<void(const BatchProgress&)> progress_;
+  // Replies arrive here from any thread; shared with the executor's callbacks,
+  // so a reply that comes after the runner is gone lands harmlessly.
+  struct Inbox {
+    std::mutex mu;  // guards everything below
+    std::condition_variable cv;
+    std::vector<Reply> replies;
+    bool wake = false, stop = false;
+    std::function<void(const BatchProgress&)> progress;
+  };
+  std::shared_ptr<Inbox> inbox_ = std::make_shared<Inbox>();
+  std::mutex th_mu_;  // start/stop
   std::atomic<int64_t> n_inflight_{0};
 
   // Runner thread only.

@@ -1,6 +1,7 @@
 #include "server/batch_store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -183,6 +184,12 @@ Expected<std::unique_ptr<BatchStore>> BatchStore::open(Options opt) {
   if (ec) return io_error("batch folder '" + opt.dir + "': " + ec.message());
   if (opt.db_path.empty()) opt.db_path = (fs::path(opt.dir) / "batch.db").string();
   std::unique_ptr<BatchStore> s(new BatchStore(std::move(opt)));
+  // One process per store: two runners over one database would run every line twice.
+  const std::string lock_path = s->opt_.db_path + ".lock";
+  s->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (s->lock_fd_ < 0) return io_error("cannot create '" + lock_path + "'");
+  if (::flock(s->lock_fd_, LOCK_EX | LOCK_NB) != 0)
+    return io_error("'" + s->opt_.db_path + "' is in use by another serval process (lock " + lock_path + ")");
   if (sqlite3_open_v2(s->opt_.db_path.c_str(), &s->db_,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr) != SQLITE_OK)
     return db_error(s->db_, "open '" + s->opt_.db_path + "'");
@@ -194,7 +201,10 @@ Expected<std::unique_ptr<BatchStore>> BatchStore::open(Options opt) {
   return s;
 }
 
-BatchStore::~BatchStore() { sqlite3_close(db_); }
+BatchStore::~BatchStore() {
+  sqlite3_close(db_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
 
 Status BatchStore::exec(const char* sql) const {
   char* err = nullptr;

@@ -85,7 +85,8 @@ class BatchStore {
     bool durable_fsync = false;    // synchronous=FULL and fsync of written files
     bool files_dir = true;         // false (offline): no files/ folder; only add_file_ref
   };
-  // Errors: io_error when the folder or database cannot be created or opened.
+  // Errors: io_error when the folder or database cannot be created or opened,
+  // or another process holds the store (an exclusive lock beside the database).
   static Expected<std::unique_ptr<BatchStore>> open(Options opt);
   ~BatchStore();
   BatchStore(const BatchStore&) = delete;
@@ -143,6 +144,7 @@ class BatchStore {
   Options opt_;
   mutable std::mutex mu_;
   sqlite3* db_ = nullptr;
+  int lock_fd_ = -1;  // flock'ed: one process per store
 };
 
 // "file-" / "batch_" / "batch_req_" + 24 random hex digits.

@@ -475,6 +475,8 @@ class Server:
         if self.chat_template:
             cmd += ["--chat-template", self.chat_template]
         cmd += self.args
+        if "--batch-dir" not in self.args and "--no-batch" not in self.args:
+            cmd += ["--no-batch"]  # no batch store in the user's data folder; test_batch.py passes its own
         if shutil.which("setpriv"):
             # Killed with the runner, even if the runner is SIGKILLed (CTest timeout).
             cmd = ["setpriv", "--pdeathsig", "KILL", "--"] + cmd
