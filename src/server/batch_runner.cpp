@@ -234,6 +234,10 @@ void BatchRunner::poll_store() {
       continue;
     }
     auto it = active_.find(b.id);
+    if (it == active_.end() && b.status == "cancelling") {  // nothing of it runs in this process
+      finalize(b, "cancelled");
+      continue;
+    }
     if (it == active_.end()) {
       load(b);
       it = active_.find(b.id);
@@ -272,7 +276,7 @@ void BatchRunner::validate(BatchRecord b) {
     b.status = "failed";
     b.failed_at = now;
     b.total = v.total;
-    (void)store_.update_batch(b);
+    (void)store_.update_batch(b, "validating");  // unless cancelled meanwhile
     report(b, 0);
     return;
   }
@@ -281,7 +285,7 @@ void BatchRunner::validate(BatchRecord b) {
   b.input_hash = fnv1a64(content);
   b.status = "in_progress";
   b.in_progress_at = now;
-  (void)store_.update_batch(b);
+  (void)store_.update_batch(b, "validating");  // a cancel meanwhile wins; the next poll finalizes it
   report(b, 0);
 }
 
@@ -298,7 +302,7 @@ void BatchRunner::load(const BatchRecord& b) {
         {"data", json::array({{{"code", "invalid_file"},
                                {"message", "the input file was removed or changed while the batch ran"},
                                {"line", nullptr}}})}});
-    (void)store_.update_batch(failed);
+    (void)store_.update_batch(failed, b.status);
     report(failed, 0);
     return;
   }
@@ -486,7 +490,7 @@ void BatchRunner::finalize(const BatchRecord& rec, const std::string& final_stat
   if (final_status == "completed") b.completed_at = now;
   if (final_status == "cancelled") b.cancelled_at = now;
   if (final_status == "expired") b.expired_at = now;
-  (void)store_.update_batch(b);
+  (void)store_.update_batch(b, rec.status);
   report(b, 0);
 }
 

@@ -375,18 +375,18 @@ std::vector<std::string> BatchStore::batches_using(const std::string& file_id) c
   return out;
 }
 
-Status BatchStore::update_batch(const BatchRecord& b) {
+Expected<bool> BatchStore::update_batch(const BatchRecord& b, const std::string& expected) {
   std::lock_guard<std::mutex> lk(mu_);
   Stmt s(db_,
          "UPDATE batches SET status = ?, errors = ?, output_file_id = ?, error_file_id = ?, total = ?, "
          "in_progress_at = ?, expires_at = ?, finalizing_at = ?, completed_at = ?, failed_at = ?, expired_at = ?, "
-         "cancelling_at = ?, cancelled_at = ?, input_hash = ? WHERE id = ?");
+         "cancelling_at = ?, cancelled_at = ?, input_hash = ? WHERE id = ? AND status = ?");
   s.bind(1, b.status).bind(2, b.errors_json).bind(3, b.output_file_id).bind(4, b.error_file_id).bind(5, b.total);
   s.bind(6, b.in_progress_at).bind(7, b.expires_at).bind(8, b.finalizing_at).bind(9, b.completed_at);
   s.bind(10, b.failed_at).bind(11, b.expired_at).bind(12, b.cancelling_at).bind(13, b.cancelled_at);
-  s.bind(14, hex64(b.input_hash)).bind(15, b.id);
+  s.bind(14, hex64(b.input_hash)).bind(15, b.id).bind(16, expected);
   if (s.step() != SQLITE_DONE) return db_error(db_, "update batch");
-  return {};
+  return sqlite3_changes(db_) > 0;
 }
 
 Expected<bool> BatchStore::transition(const std::string& id, const std::string& from, const std::string& to,

@@ -116,8 +116,10 @@ class BatchStore {
   std::vector<BatchRecord> batches_in(const std::vector<std::string>& statuses) const;
   // Unfinished batches reading this file.
   std::vector<std::string> batches_using(const std::string& file_id) const;
-  // Replaces the row's mutable fields (status, timestamps, counts, errors, output ids).
-  Status update_batch(const BatchRecord& b);
+  // Replaces the row's mutable fields (status, timestamps, counts, errors,
+  // output ids) only if its status is still `expected` (a concurrent cancel
+  // is never overwritten). Returns false when it was not.
+  Expected<bool> update_batch(const BatchRecord& b, const std::string& expected);
   // Moves a batch from `from` to `to` only if it is in `from` (compare-and-set);
   // sets the timestamp field of `to`. Returns false when it was not in `from`.
   Expected<bool> transition(const std::string& id, const std::string& from, const std::string& to, int64_t now);

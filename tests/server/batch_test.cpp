@@ -390,7 +390,7 @@ TEST(BatchRunner, ExpiredWindowEndsTheBatch) {
   ASSERT_TRUE(s.ok());
   BatchRecord b = make_batch(**s, "o", lines_file(3));
   b.expires_at = unix_seconds() - 1;  // already past
-  ASSERT_TRUE((*s)->update_batch(b).ok());
+  ASSERT_TRUE((*s)->update_batch(b, "validating").ok());
   FakeExecutor ex;
   ex.reply_status = 429;  // never runs: the window passes first
   BatchRunner r(**s, ex.fn(), fast_config(1));
