@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -75,7 +76,8 @@ def main():
     key = "sk-serval-node-test"
     model_id = "stories260K"
     try:
-        with Server("--api-key", key, "--served-model-name", model_id, name="node") as srv:
+        with tempfile.TemporaryDirectory(prefix="serval-node-batch-") as batch_dir, \
+                Server("--api-key", key, "--served-model-name", model_id, "--batch-dir", batch_dir, name="node") as srv:
             env = dict(os.environ, SERVAL_BASE_URL=f"http://127.0.0.1:{srv.port}/v1", SERVAL_API_KEY=key,
                        SERVAL_MODEL_ID=model_id,
                        SERVAL_GOLDEN=os.path.join(Config.shared, "golden", "stories260K-greedy.json"))

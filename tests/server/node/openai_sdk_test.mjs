@@ -8,7 +8,7 @@
 // Prints one line per test and a closing "N passed, M failed"; exit status 1 on failure.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import OpenAI from 'openai';
+import OpenAI, { toFile } from 'openai';
 
 const baseURL = process.env.SERVAL_BASE_URL;
 const apiKey = process.env.SERVAL_API_KEY;
@@ -176,6 +176,48 @@ test('aborting a stream frees its KV blocks', async () => {
     await new Promise((r) => setTimeout(r, 20));
   }
   assert.deepEqual(used, [0, 0], `kv_blocks_used, requests_running ${Date.now() - t0} ms after the abort`);
+});
+
+test('files + batches: upload, create, poll, download; bodies equal one-by-one requests', async () => {
+  const bodies = [0, 1, 2].map((i) => ({
+    model, messages: [{ role: 'user', content: `Tell me a story about the number ${i}.` }], max_tokens: 12, temperature: 0,
+  }));
+  const jsonl = bodies.map((body, i) => JSON.stringify({ custom_id: `c${i}`, method: 'POST', url: '/v1/chat/completions', body }))
+    .join('\n') + '\nnot a json line\n';
+  const file = await client.files.create({ file: await toFile(Buffer.from(jsonl), 'batch.jsonl'), purpose: 'batch' });
+  assert.equal(file.object, 'file');
+  assert.equal(file.purpose, 'batch');
+  assert.equal(file.bytes, Buffer.byteLength(jsonl));
+  assert.equal((await client.files.retrieve(file.id)).filename, 'batch.jsonl');
+  let batch = await client.batches.create({
+    input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h', metadata: { suite: 'node' },
+  });
+  assert.equal(batch.object, 'batch');
+  const t0 = Date.now();
+  while (!['completed', 'failed', 'cancelled', 'expired'].includes(batch.status)) {
+    assert.ok(Date.now() - t0 < 60_000, `batch still ${batch.status} after 60 s`);
+    await new Promise((r) => setTimeout(r, 50));
+    batch = await client.batches.retrieve(batch.id);
+  }
+  assert.equal(batch.status, 'completed');
+  assert.deepEqual(batch.request_counts, { total: 4, completed: 3, failed: 1 });
+  assert.deepEqual(batch.metadata, { suite: 'node' });
+  const out = (await (await client.files.content(batch.output_file_id)).text()).trim().split('\n').map((l) => JSON.parse(l));
+  assert.deepEqual(out.map((o) => o.custom_id), ['c0', 'c1', 'c2']);
+  for (const [i, o] of out.entries()) {
+    assert.equal(o.response.status_code, 200);
+    const direct = await client.chat.completions.create(bodies[i]);
+    assert.equal(o.response.body.choices[0].message.content, direct.choices[0].message.content);
+    assert.deepEqual(o.response.body.usage.completion_tokens, direct.usage.completion_tokens);
+  }
+  const errs = (await (await client.files.content(batch.error_file_id)).text()).trim().split('\n').map((l) => JSON.parse(l));
+  assert.equal(errs.length, 1);
+  assert.equal(errs[0].error.line, 4);
+  const listed = [];
+  for await (const b of client.batches.list({ limit: 10 })) listed.push(b.id);
+  assert.ok(listed.includes(batch.id));
+  const deleted = await client.files.delete(batch.output_file_id);
+  assert.equal(deleted.deleted, true);
 });
 
 let passed = 0, failed = 0;
