@@ -163,6 +163,14 @@ def main():
           + b"%x\r\n" % len(b) + b + b"\r\n0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     write("http_request", "get_auth", b"GET /v1/models?x=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
           b"Expect: 100-continue\r\nConnection: keep-alive\r\n\r\n")
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}})
+    chat = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"messages": [{"role": "user", "content": "hi"}]}})
+    write("batch_input", "lines", line + "\n" + chat + "\n\n{broken\n" + line + "\n")
+    write("batch_input", "multipart",
+          '--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+          '--b\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+          'Content-Type: application/jsonl\r\n\r\n' + line + "\n" + chat + '\r\n--b--\r\n')
     return 0
 
 

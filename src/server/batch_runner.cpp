@@ -214,14 +214,15 @@ void BatchRunner::loop() {
     finish_if_done();
     dispatch();
   }
-  // Lines in flight run again after a restart; replies that arrived are kept.
-  for (auto& [id, a] : active_) cancel_inflight(a);
+  // Replies that arrived are committed; lines still in flight are cancelled
+  // (uncommitted, they run again after a restart).
   std::vector<Reply> last;
   {
     std::lock_guard<std::mutex> lk(inbox_->mu);
     last.swap(inbox_->replies);
   }
   commit_replies(std::move(last));
+  for (auto& [id, a] : active_) cancel_inflight(a);
   active_.clear();
 }
 
