@@ -140,10 +140,12 @@ def batch_round(a, rng, vocab):
                     break
                 time.sleep(0.2)
             wall = time.monotonic() - t0
+            print(f"  batch {s['status']} in {wall:.1f} s: {s['request_counts']}; TTFT idle {idle}, loaded {loaded}",
+                  flush=True)
             if s["status"] != "completed" or s["request_counts"]["completed"] != a.lines:
                 raise RuntimeError(f"batch ended {s['status']}: {s['request_counts']}")
             out = request(port, "GET", f"/v1/files/{s['output_file_id']}/content").decode()
-            tokens = sum(json.loads(x)["response"]["body"]["usage"]["completion_tokens"] for x in out.splitlines() if x)
+            tokens = sum(json.loads(x)["response"]["body"]["usage"]["completion_tokens"] for x in out.split("\n") if x)
             return {"batch_tok_s": tokens / wall, "wall_s": wall, "tokens": tokens,
                     "probe_s": probe_end - t0, "idle_ttft": idle, "loaded_ttft": loaded}
         finally:

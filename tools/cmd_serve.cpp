@@ -128,6 +128,11 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--batch-concurrency", batch_concurrency,
                  "batch lines in flight at once (they run behind every interactive request)")
       ->check(CLI::Range(1, 4096));
+  int batch_step_tokens = 64;
+  app.add_option("--batch-step-tokens", batch_step_tokens,
+                 "most tokens batch lines get in one engine step (0: the whole budget); they also yield every step in "
+                 "which an interactive request prefills")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--batch-fsync", batch_fsync,
                "fsync every committed batch line and file (survives power loss, not only a crash; slower)");
   app.add_option("--batch-max-lines", batch_limits.max_lines, "most lines in one batch input file")
@@ -226,6 +231,10 @@ int cmd_serve(int argc, char** argv) {
   ec.swa_full = swa_full;
   ec.max_n = max_n;
   if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
+  if (!no_batch) {  // batch lines are background work (docs/BATCH.md)
+    ec.background_priority = server::OpenAiServer::kBatchPriority;
+    ec.background_max_tokens = batch_step_tokens;
+  }
   auto engine = Engine::create(m, *tok, ec);
   if (!engine.ok()) return fail(cmd, engine.status().message());
   auto api = server::OpenAiServer::create(**engine, scfg);

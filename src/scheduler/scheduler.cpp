@@ -19,6 +19,9 @@ Status Scheduler::validate(const SchedulerConfig& cfg) {
   if (cfg.draft_max < 0 || cfg.draft_max > kMaxDraft)
     return invalid_argument("scheduler draft_max: expected 0.." + std::to_string(kMaxDraft) + ", got " +
                             std::to_string(cfg.draft_max));
+  if (cfg.background_max_tokens < 0)
+    return invalid_argument("scheduler background_max_tokens: expected >= 0, got " +
+                            std::to_string(cfg.background_max_tokens));
   if (cfg.draft_min < 0 || (cfg.draft_max > 0 && cfg.draft_min > cfg.draft_max))
     return invalid_argument("scheduler draft_min: expected 0..draft_max (" + std::to_string(cfg.draft_max) +
                             "), got " + std::to_string(cfg.draft_min));
@@ -214,7 +217,36 @@ SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   out.step = step_;
   int64_t budget = cfg_.max_batch_tokens;
+  // Foreground first, then (unless a foreground seq prefilled) background
+  // seqs under their own token cap. Without background_priority set, every
+  // seq is foreground and this is one pass of steps 1-3.
+  const bool split = cfg_.background_priority != INT32_MAX;
+  const bool fg_prefilled = schedule_phase(&out, &budget, split ? 1 : 0);
+  if (split && !fg_prefilled) {
+    int64_t bg_budget = cfg_.background_max_tokens > 0 ? std::min<int64_t>(budget, cfg_.background_max_tokens) : budget;
+    schedule_phase(&out, &bg_budget, 2);
+  }
+  // Aging: every seq with work to do that got none in this step.
+  for (SeqId id : waiting_) ++get(id).steps_waited;
+  for (SeqId id : swapped_) ++get(id).steps_waited;
+  for (SeqId id : running_) {
+    Seq& s = get(id);
+    if (s.scheduled_step != step_ && !done(s) && s.num_computed < static_cast<int64_t>(s.tokens.size()))
+      ++s.steps_waited;
+  }
+  ++step_;
+  return out;
+}
+
+bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, int which) {
+  SchedulerOutput& out = *out_ptr;
+  int64_t& budget = *budget_ptr;
   const auto max_seqs = static_cast<size_t>(cfg_.max_seqs);
+  // which: 0 every seq, 1 foreground only, 2 background only.
+  auto in_phase = [&](const Seq& s) {
+    return which == 0 || (which == 1) == (s.priority < cfg_.background_priority);
+  };
+  bool prefilled = false;
 
   // 1 + 2: running seqs, decodes first, then prefill chunks.
   const std::vector<SeqId> order = by_importance(running_);
@@ -223,6 +255,7 @@ SchedulerOutput Scheduler::schedule() {
     for (SeqId id : order) {
       if (budget == 0 || out.seqs.size() >= max_seqs) break;
       Seq& s = get(id);
+      if (!in_phase(s)) continue;
       if (s.state != SeqState::running || s.scheduled_step == step_ || done(s)) continue;
       const int64_t gap = static_cast<int64_t>(s.tokens.size()) - s.num_computed;
       if (gap <= 0 || decodes != (gap == 1)) continue;
@@ -239,7 +272,9 @@ SchedulerOutput Scheduler::schedule() {
         if (n_draft > 0 && !kv_->can_allocate(id, s.num_computed + chunk + n_draft, s.num_computed)) n_draft = 0;
       }
       // Make room: preempt the least important running seq not yet scheduled
-      // in this step, until this one fits or is itself the victim.
+      // in this step, until this one fits or is itself the victim (a
+      // background seq, less important than every foreground one, never
+      // preempts a foreground seq: it is itself reached first).
       while (!kv_->can_allocate(id, s.num_computed + chunk, s.num_computed)) {
         Seq* victim = nullptr;
         for (auto it = order.rbegin(); it != order.rend(); ++it) {
@@ -258,14 +293,18 @@ SchedulerOutput Scheduler::schedule() {
       SERVAL_ASSERT(ok);
       emit(s, chunk, &out, static_cast<int32_t>(n_draft));
       budget -= chunk + n_draft;
+      if (!decodes) prefilled = true;
     }
   }
 
   // 3: admit waiting and swapped-out seqs, unless memory was short this step.
   std::vector<SeqId> admitted;
   if (out.preempted.empty()) {
-    std::vector<SeqId> pending = waiting_;
-    pending.insert(pending.end(), swapped_.begin(), swapped_.end());
+    std::vector<SeqId> pending;
+    for (SeqId id : waiting_)
+      if (in_phase(get(id))) pending.push_back(id);
+    for (SeqId id : swapped_)
+      if (in_phase(get(id))) pending.push_back(id);
     for (SeqId id : by_importance(pending)) {
       if (budget == 0 || out.seqs.size() >= max_seqs || running_.size() >= max_seqs) break;
       Seq& s = get(id);
@@ -306,23 +345,16 @@ SchedulerOutput Scheduler::schedule() {
       SERVAL_ASSERT(out.copies.size() == n_copies);
       running_.push_back(id);
       admitted.push_back(id);
+      prefilled = true;
     }
   }
   for (SeqId id : admitted) {
     erase_id(&waiting_, id);
     erase_id(&swapped_, id);
   }
-  // Aging: every seq with work to do that got none in this step.
-  for (SeqId id : waiting_) ++get(id).steps_waited;
-  for (SeqId id : swapped_) ++get(id).steps_waited;
-  for (SeqId id : running_) {
-    Seq& s = get(id);
-    if (s.scheduled_step != step_ && !done(s) && s.num_computed < static_cast<int64_t>(s.tokens.size()))
-      ++s.steps_waited;
-  }
-  ++step_;
-  return out;
+  return prefilled;
 }
+
 
 void Scheduler::update(const SchedulerOutput& out, std::span<const std::pair<SeqId, TokenId>> sampled) {
   std::vector<SeqAdvance> adv;

@@ -80,7 +80,7 @@ def wait_batch(port, batch_id, until, timeout=180, key=None):
 def file_lines(port, file_id, key=None):
     r = get(port, f"/v1/files/{file_id}/content", headers=auth(key))
     eq(r.status, 200, f"content of {file_id}")
-    return [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
+    return [json.loads(x) for x in r.body.decode().split("\n") if x.strip()]
 
 
 def comparable(body):
