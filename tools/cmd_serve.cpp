@@ -128,10 +128,10 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--batch-concurrency", batch_concurrency,
                  "batch lines in flight at once (they run behind every interactive request)")
       ->check(CLI::Range(1, 4096));
-  int batch_step_tokens = 64;
-  app.add_option("--batch-step-tokens", batch_step_tokens,
-                 "most tokens batch lines get in one engine step (0: the whole budget); they also yield every step in "
-                 "which an interactive request prefills")
+  int batch_prefill_tokens = 64;
+  app.add_option("--batch-prefill-tokens", batch_prefill_tokens,
+                 "most prompt tokens of batch lines in one engine step (0: the whole budget), so no step is long "
+                 "because of batch work; batch lines also yield every step in which an interactive request prefills")
       ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--batch-fsync", batch_fsync,
                "fsync every committed batch line and file (survives power loss, not only a crash; slower)");
@@ -233,7 +233,7 @@ int cmd_serve(int argc, char** argv) {
   if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
   if (!no_batch) {  // batch lines are background work (docs/BATCH.md)
     ec.background_priority = server::OpenAiServer::kBatchPriority;
-    ec.background_max_tokens = batch_step_tokens;
+    ec.background_prefill_tokens = batch_prefill_tokens;
   }
   auto engine = Engine::create(m, *tok, ec);
   if (!engine.ok()) return fail(cmd, engine.status().message());

@@ -64,9 +64,9 @@ struct EngineConfig {
   double aging_per_step = 0.01;         // priority aging (see scheduler)
   // Background requests (priority >= this; batch jobs) run after every other
   // one, yield the steps in which another request prefills, and get at most
-  // background_max_tokens of a step (0: no own cap). INT32_MAX: off.
+  // background_prefill_tokens prompt tokens of a step (0: no own cap). INT32_MAX: off.
   int32_t background_priority = INT32_MAX;
-  int32_t background_max_tokens = 0;
+  int32_t background_prefill_tokens = 0;
   int32_t max_n = 16;                   // bound on Request::n
   int32_t max_beam_width = 16;          // bound on beam_width and contrastive top_k (<= max_seqs too)
   SpecConfig spec;                      // off by default

@@ -263,7 +263,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   sc.preemption = n_host > 0 ? SchedulerConfig::Preemption::swap : SchedulerConfig::Preemption::recompute;
   sc.aging_per_step = cfg.aging_per_step;
   sc.background_priority = cfg.background_priority;
-  sc.background_max_tokens = cfg.background_max_tokens;
+  sc.background_prefill_tokens = cfg.background_prefill_tokens;
   if (cfg.spec.mode != SpecConfig::Mode::none) {
     sc.draft_max = cfg.spec.draft_max;
     sc.draft_min = cfg.spec.draft_min;

@@ -19,9 +19,9 @@ Status Scheduler::validate(const SchedulerConfig& cfg) {
   if (cfg.draft_max < 0 || cfg.draft_max > kMaxDraft)
     return invalid_argument("scheduler draft_max: expected 0.." + std::to_string(kMaxDraft) + ", got " +
                             std::to_string(cfg.draft_max));
-  if (cfg.background_max_tokens < 0)
-    return invalid_argument("scheduler background_max_tokens: expected >= 0, got " +
-                            std::to_string(cfg.background_max_tokens));
+  if (cfg.background_prefill_tokens < 0)
+    return invalid_argument("scheduler background_prefill_tokens: expected >= 0, got " +
+                            std::to_string(cfg.background_prefill_tokens));
   if (cfg.draft_min < 0 || (cfg.draft_max > 0 && cfg.draft_min > cfg.draft_max))
     return invalid_argument("scheduler draft_min: expected 0..draft_max (" + std::to_string(cfg.draft_max) +
                             "), got " + std::to_string(cfg.draft_min));
@@ -221,11 +221,9 @@ SchedulerOutput Scheduler::schedule() {
   // seqs under their own token cap. Without background_priority set, every
   // seq is foreground and this is one pass of steps 1-3.
   const bool split = cfg_.background_priority != INT32_MAX;
-  const bool fg_prefilled = schedule_phase(&out, &budget, split ? 1 : 0);
-  if (split && !fg_prefilled) {
-    int64_t bg_budget = cfg_.background_max_tokens > 0 ? std::min<int64_t>(budget, cfg_.background_max_tokens) : budget;
-    schedule_phase(&out, &bg_budget, 2);
-  }
+  const bool fg_prefilled = schedule_phase(&out, &budget, split ? 1 : 0, INT64_MAX);
+  if (split && !fg_prefilled)
+    schedule_phase(&out, &budget, 2, cfg_.background_prefill_tokens > 0 ? cfg_.background_prefill_tokens : INT64_MAX);
   // Aging: every seq with work to do that got none in this step.
   for (SeqId id : waiting_) ++get(id).steps_waited;
   for (SeqId id : swapped_) ++get(id).steps_waited;
@@ -238,9 +236,10 @@ SchedulerOutput Scheduler::schedule() {
   return out;
 }
 
-bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, int which) {
+bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, int which, int64_t prefill_cap) {
   SchedulerOutput& out = *out_ptr;
   int64_t& budget = *budget_ptr;
+  int64_t prefill_left = prefill_cap;  // prompt tokens this phase may still schedule
   const auto max_seqs = static_cast<size_t>(cfg_.max_seqs);
   // which: 0 every seq, 1 foreground only, 2 background only.
   auto in_phase = [&](const Seq& s) {
@@ -259,7 +258,8 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
       if (s.state != SeqState::running || s.scheduled_step == step_ || done(s)) continue;
       const int64_t gap = static_cast<int64_t>(s.tokens.size()) - s.num_computed;
       if (gap <= 0 || decodes != (gap == 1)) continue;
-      const int64_t chunk = std::min(gap, budget);
+      const int64_t chunk = decodes ? std::min(gap, budget) : std::min({gap, budget, prefill_left});
+      if (chunk == 0) continue;
       if (!cfg_.enable_chunked_prefill && chunk < gap) continue;
       // Draft slots: never past max_total_tokens (the accepted drafts plus the
       // sampled token must fit), never beyond the budget, never at the cost of
@@ -293,7 +293,10 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
       SERVAL_ASSERT(ok);
       emit(s, chunk, &out, static_cast<int32_t>(n_draft));
       budget -= chunk + n_draft;
-      if (!decodes) prefilled = true;
+      if (!decodes) {
+        prefilled = true;
+        prefill_left -= chunk;
+      }
     }
   }
 
@@ -306,14 +309,14 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
     for (SeqId id : swapped_)
       if (in_phase(get(id))) pending.push_back(id);
     for (SeqId id : by_importance(pending)) {
-      if (budget == 0 || out.seqs.size() >= max_seqs || running_.size() >= max_seqs) break;
+      if (budget == 0 || prefill_left == 0 || out.seqs.size() >= max_seqs || running_.size() >= max_seqs) break;
       Seq& s = get(id);
       if (done(s)) continue;  // waits for finish()
       const auto n = static_cast<int64_t>(s.tokens.size());
       const size_t n_copies = out.copies.size();
       if (s.state == SeqState::swapped) {
         const int64_t gap = n - s.num_computed;
-        const int64_t chunk = std::min(gap, budget);
+        const int64_t chunk = std::min({gap, budget, prefill_left});
         if (gap <= 0) continue;
         if (!cfg_.enable_chunked_prefill && chunk < gap) break;
         if (!kv_->can_swap_in(id, s.num_computed + chunk)) break;
@@ -327,7 +330,7 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
         SERVAL_ASSERT(s.num_computed == 0);
         const int64_t hit = kv_->find_cached_prefix(s.tokens, s.key);
         const int64_t gap = n - hit;
-        const int64_t chunk = std::min(gap, budget);
+        const int64_t chunk = std::min({gap, budget, prefill_left});
         if (!cfg_.enable_chunked_prefill && chunk < gap) break;
         if (!kv_->can_admit(s.tokens, s.key, hit + chunk)) break;
         const int64_t got = kv_->acquire_cached_prefix(id, s.tokens, s.key);
@@ -346,6 +349,7 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
       running_.push_back(id);
       admitted.push_back(id);
       prefilled = true;
+      prefill_left -= out.seqs.back().n_tokens;
     }
   }
   for (SeqId id : admitted) {

@@ -66,13 +66,14 @@ struct SchedulerConfig {
   // Background work (batch jobs): seqs whose priority is >= background_priority
   // are scheduled only after every foreground seq (steps 1-3 run for the
   // foreground first, then for the background with the budget left), get at
-  // most background_max_tokens tokens of a step (0: no cap of their own),
-  // and get none in a step in which a foreground seq prefills (a new
-  // request's first chunk then runs without them). A foreground seq that
-  // cannot be admitted (no KV blocks) does not hold them back, so the blocks
-  // they hold are freed as they finish. INT32_MAX: off (one pass, as above).
+  // most background_prefill_tokens prompt tokens of a step all together (0:
+  // no cap of their own; their decodes are not capped), and get none in a
+  // step in which a foreground seq prefills (a new request's first chunk
+  // then runs without them). A foreground seq that cannot be admitted (no KV
+  // blocks) does not hold them back, so the blocks they hold are freed as
+  // they finish. INT32_MAX: off (one pass, as above).
   int32_t background_priority = INT32_MAX;
-  int32_t background_max_tokens = 0;
+  int32_t background_prefill_tokens = 0;
   // Speculative decoding (0: off). A running decode of a seq added with
   // speculate gets n_draft = k slots for drafted tokens, which count against
   // the budget and get KV blocks; k adapts per seq to its running acceptance:
@@ -208,7 +209,8 @@ class Scheduler {
   const Seq& get(SeqId id) const;
   // Steps 1-3 of schedule() for one class of seqs (0: all, 1: foreground,
   // 2: background) under *budget; true when it scheduled a prefill chunk.
-  bool schedule_phase(SchedulerOutput* out, int64_t* budget, int which);
+  // At most prefill_cap prompt tokens (INT64_MAX: none).
+  bool schedule_phase(SchedulerOutput* out, int64_t* budget, int which, int64_t prefill_cap);
   bool more_important(const Seq& a, const Seq& b) const;
   std::vector<SeqId> by_importance(const std::vector<SeqId>& ids) const;
   bool done(const Seq& s) const { return static_cast<int64_t>(s.tokens.size()) >= s.max_total_tokens; }

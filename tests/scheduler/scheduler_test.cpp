@@ -691,7 +691,7 @@ TEST(SchedulerSpec, ValidateDraftLimits) {
 SchedulerConfig background_config(int32_t budget, int32_t bg_cap) {
   SchedulerConfig c = config(budget);
   c.background_priority = 1000;
-  c.background_max_tokens = bg_cap;
+  c.background_prefill_tokens = bg_cap;
   return c;
 }
 
@@ -699,21 +699,21 @@ TEST(SchedulerBackground, CappedPerStepAndYieldingToForegroundPrefill) {
   Harness h(64, 16, background_config(64, 20));
   h.add(req(1, range(1, 30), 200, 1000));  // background
   h.add(req(2, range(100, 30), 200, 1000));  // background
-  // Alone, the background shares its own cap of 20 tokens a step.
+  // Alone, the background shares its own cap of 20 prompt tokens a step (decodes are not capped).
   EXPECT_EQ(brief(h.step()), "1:0+20");
   EXPECT_EQ(brief(h.step()), "1:20+10* 2:0+10");
-  EXPECT_EQ(brief(h.step()), "1:30+1* 2:10+19");
+  EXPECT_EQ(brief(h.step()), "1:30+1* 2:10+20*");
   // A foreground request arrives: its prefill runs in a step of its own.
   h.add(req(3, range(200, 40), 200, 0));
   EXPECT_EQ(brief(h.step()), "3:0+40*");
   // Then its decodes share steps with the background again (decodes first, foreground first).
-  EXPECT_EQ(brief(h.step()), "3:40+1* 1:31+1* 2:29+1*");
-  EXPECT_EQ(brief(h.step()), "3:41+1* 1:32+1* 2:30+1*");
+  EXPECT_EQ(brief(h.step()), "3:40+1* 1:31+1* 2:30+1*");
+  EXPECT_EQ(brief(h.step()), "3:41+1* 1:32+1* 2:31+1*");
   // A foreground prompt longer than the budget keeps the background out until its last chunk.
   h.add(req(4, range(300, 100), 200, 5));
   EXPECT_EQ(brief(h.step()), "3:42+1* 4:0+63");
   EXPECT_EQ(brief(h.step()), "3:43+1* 4:63+37*");
-  EXPECT_EQ(brief(h.step()), "3:44+1* 4:100+1* 1:33+1* 2:31+1*");
+  EXPECT_EQ(brief(h.step()), "3:44+1* 4:100+1* 1:33+1* 2:32+1*");
 }
 
 TEST(SchedulerBackground, AForegroundSeqThatCannotBeAdmittedDoesNotStallTheBackground) {
@@ -737,7 +737,7 @@ TEST(SchedulerBackground, OffByDefaultIsOnePass) {
   h.add(req(3, range(200, 40), 200, 0));
   EXPECT_EQ(brief(h.step()), "1:30+1* 3:0+40*");
   SchedulerConfig bad = config(64);
-  bad.background_max_tokens = -1;
+  bad.background_prefill_tokens = -1;
   EXPECT_EQ(Scheduler::validate(bad).code(), StatusCode::invalid_argument);
 }
 
