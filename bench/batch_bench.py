@@ -3,7 +3,8 @@
 
 Each round, interleaved so that drift on a noisy machine hits both alike:
   1. `serval bench throughput` at --concurrency C with the same prompt and
-     generation lengths: the engine's throughput without the API (baseline);
+     generation lengths: the engine's throughput without the API (baseline),
+     run before and after step 2 and averaged (the machine drifts);
   2. one `serval serve --batch-concurrency C`: first an idle interactive probe
      (--probes sequential streaming requests: TTFT), then a --lines batch
      uploaded through the Files API; while it runs, the same interactive
@@ -186,9 +187,14 @@ def main():
           f"concurrency {a.concurrency}, -t {a.threads}, {a.rounds} round(s)", flush=True)
     base, rounds = [], []
     for k in range(a.rounds):
-        base.append(bench_throughput(a))
-        print(f"round {k + 1}: bench throughput {base[-1]:.1f} gen tok/s", flush=True)
+        # The baseline brackets the batch run (before and after, averaged): the
+        # machine drifts over a batch run's minutes.
+        before = bench_throughput(a)
+        print(f"round {k + 1}: bench throughput {before:.1f} gen tok/s (before)", flush=True)
         r = batch_round(a, rng, vocab)
+        after = bench_throughput(a)
+        print(f"round {k + 1}: bench throughput {after:.1f} gen tok/s (after)", flush=True)
+        base.append((before + after) / 2)
         rounds.append(r)
         print(f"round {k + 1}: batch {r['batch_tok_s']:.1f} gen tok/s ({r['tokens']} tokens in {r['wall_s']:.1f} s; "
               f"probes ran in the first {r['probe_s']:.1f} s) | interactive TTFT p50 idle "
