@@ -137,6 +137,8 @@ int cmd_serve(int argc, char** argv) {
                "fsync every committed batch line and file (survives power loss, not only a crash; slower)");
   app.add_option("--batch-max-lines", batch_limits.max_lines, "most lines in one batch input file")
       ->check(CLI::Range((size_t)1, (size_t)10'000'000));
+  app.add_option("--batch-max-line-bytes", batch_limits.max_line_bytes, "longest line of a batch input file")
+      ->check(CLI::Range((size_t)256, (size_t)64 << 20));
   if (auto rc = parse(app, argc, argv)) return *rc;
 
   if (!api_key_file.empty()) {

@@ -212,6 +212,26 @@ void BatchApi::upload(const http::HttpRequest& req, const std::string& owner,
     return send_error(ch, ApiError{413, "file: larger than " + std::to_string(limits_.max_file_bytes) + " bytes",
                                    "invalid_request_error", "file", "file_too_large"});
   if (file->data.empty()) return send_error(ch, bad_request("file: empty", "file"));
+  // The file's bounds are checked now, with a 400 naming the limit; malformed
+  // lines within them are the batch's business (its error file).
+  {
+    size_t lines = 0, pos = 0, line_no = 0;
+    const std::string_view d = file->data;
+    while (pos < d.size()) {
+      size_t end = d.find('\n', pos);
+      if (end == std::string_view::npos) end = d.size();
+      ++line_no;
+      const std::string_view line = d.substr(pos, end - pos);
+      if (line.size() > limits_.max_line_bytes)
+        return send_error(ch, bad_request("file: line " + std::to_string(line_no) + " is longer than " +
+                                              std::to_string(limits_.max_line_bytes) + " bytes",
+                                          "file", "line_too_long"));
+      if (line.find_first_not_of(" \t\r") != std::string_view::npos && ++lines > limits_.max_lines)
+        return send_error(ch, bad_request("file: more than " + std::to_string(limits_.max_lines) + " lines (the limit)",
+                                          "file", "too_many_lines"));
+      pos = end + 1;
+    }
+  }
   const std::string filename = file->filename.empty() ? "upload.jsonl" : file->filename;
   if (!valid_filename(filename))
     return send_error(ch, bad_request("file: the filename must be 1 to 255 characters without control characters", "file"));

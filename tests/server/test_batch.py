@@ -196,7 +196,8 @@ def keys_see_only_their_own(_):
 @suite.test
 def bad_requests_name_the_field(_):
     with tempfile.TemporaryDirectory(prefix="serval-batch-") as d:
-        with Server("--batch-dir", d, "--batch-max-lines", "5", "--max-body-bytes", "65536", name="batch-bad") as srv:
+        with Server("--batch-dir", d, "--batch-max-lines", "5", "--batch-max-line-bytes", "32768",
+                    "--max-body-bytes", "65536", name="batch-bad") as srv:
             p = srv.port
             check_error_body(upload(p, "x", fields=[]), 400, "no purpose", param="purpose")
             check_error_body(upload(p, "x", purpose="fine-tune"), 400, "wrong purpose", param="purpose")
@@ -217,12 +218,19 @@ def bad_requests_name_the_field(_):
             check_error_body(get(p, "/v1/batches?limit=0"), 400, "limit 0", param="limit")
             check_error_body(get(p, "/v1/batches/batch_nope"), 404, "an unknown batch")
             eq(request(p, "PUT", "/v1/batches").status, 405, "PUT /v1/batches")
-            # Too many lines: the batch fails as a whole, with the reason.
-            big = upload(p, jsonl([completion_line(i, 4) for i in range(6)])).json()["id"]
-            bid = create_batch(p, big).json()["id"]
-            b = wait_batch(p, bid, lambda b: b["status"] in ("failed", "completed"))
-            eq(b["status"], "failed", f"a 6-line file over --batch-max-lines 5: {b}")
-            check("more than 5 lines" in b["errors"]["data"][0]["message"], f"the reason: {b['errors']}")
+            # Too many lines, or a line too long: 400 at upload, naming the limit.
+            r = upload(p, jsonl([completion_line(i, 4) for i in range(6)]))
+            check_error_body(r, 400, "a 6-line file over --batch-max-lines 5", param="file", code="too_many_lines")
+            check("more than 5 lines" in r.json()["error"]["message"], f"the reason: {r}")
+            r = upload(p, jsonl([completion_line(0, 4), "x" * 40000]))
+            check_error_body(r, 400, "a line over 32 KiB", param="file", code="line_too_long")
+            check("line 2" in r.json()["error"]["message"], f"the line is named: {r}")
+            # A file that became unusable as a whole (here: emptied behind the server's back) fails the batch.
+            gone = upload(p, jsonl([completion_line(0, 4)])).json()["id"]
+            open(os.path.join(d, "files", gone), "w").close()
+            b = wait_batch(p, create_batch(p, gone).json()["id"], lambda b: b["status"] in ("failed", "completed"))
+            eq(b["status"], "failed", f"a batch over an empty file: {b}")
+            eq(b["errors"]["data"][0]["code"], "invalid_file", f"the reason: {b['errors']}")
             # Lines a request parser refuses are failed lines, not a failed batch.
             rows = [completion_line(0, 4), {"custom_id": "neg", "method": "POST", "url": "/v1/completions",
                                             "body": {"prompt": "x", "max_tokens": -1}}]
