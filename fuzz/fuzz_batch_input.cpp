@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (std::string_view f : files) {
     for (const char* endpoint : {"/v1/completions", "*"}) {
-      server::ValidatedInput v = server::validate_batch_input(f, endpoint, limits, "batch_fuzz");
+      server::ValidatedInput v = server::validate_batch_input(f, endpoint, limits);
       if (!v.fatal.empty()) continue;
       fuzz::require(v.total == (int64_t)(v.lines.size() + v.malformed.size()), "every line accounted for");
       fuzz::require(v.total >= 1 && v.total <= (int64_t)limits.max_lines, "line count within the limit");

@@ -94,8 +94,8 @@ int cmd_batch(int argc, char** argv) {
   auto kvb = parse_kv_memory(kv_memory);
   if (!kvb.ok()) return fail(cmd, kvb.status().message());
   std::string chat_template;
-  if (!chat_template_file.empty() && !read_file(chat_template_file, chat_template))
-    return fail(cmd, "cannot read --chat-template '" + chat_template_file + "'");
+  if (!chat_template_file.empty() && (!read_file(chat_template_file, chat_template) || chat_template.size() > 256 * 1024))
+    return fail(cmd, "cannot read --chat-template '" + chat_template_file + "' (or larger than 256 KiB)");
 
   // The state: one batch over the input, kept beside the output.
   server::BatchStore::Options so;
@@ -150,11 +150,7 @@ int cmd_batch(int argc, char** argv) {
   server::ServerConfig scfg;
   scfg.model_name = served_name;
   scfg.model_aliases = aliases;
-  {
-    const std::string base = fs::path(model_path).filename().string();
-    scfg.model_aliases.push_back(base);
-    if (base.size() > 5 && base.ends_with(".gguf")) scfg.model_aliases.push_back(base.substr(0, base.size() - 5));
-  }
+  for (std::string& id : model_file_ids(model_path)) scfg.model_aliases.push_back(std::move(id));
   if (!chat_template.empty()) scfg.chat_template = chat_template;
   scfg.max_inflight_requests = (size_t)concurrency + 16;
   scfg.observability.log_json = false;

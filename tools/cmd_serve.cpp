@@ -162,11 +162,7 @@ int cmd_serve(int argc, char** argv) {
       return fail(cmd, "--alias: a model id is 1 to 256 characters without control characters");
   scfg.model_aliases = aliases;
   scfg.listed_aliases = aliases.size();
-  {  // The file's base name, with and without .gguf.
-    const std::string base = std::filesystem::path(model_path).filename().string();
-    scfg.model_aliases.push_back(base);
-    if (base.size() > 5 && base.ends_with(".gguf")) scfg.model_aliases.push_back(base.substr(0, base.size() - 5));
-  }
+  for (std::string& id : model_file_ids(model_path)) scfg.model_aliases.push_back(std::move(id));
   if (!chat_template_file.empty()) {
     std::string t;
     if (!read_file(chat_template_file, &t, 256 * 1024))

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -16,6 +18,15 @@ struct LoadedModel {
   std::shared_ptr<const Model> model;
   std::shared_ptr<const Tokenizer> tok;
 };
+
+// The ids the API accepts for a model file besides its served name: the
+// file's base name, with and without ".gguf".
+inline std::vector<std::string> model_file_ids(const std::string& path) {
+  const std::string base = std::filesystem::path(path).filename().string();
+  std::vector<std::string> ids = {base};
+  if (base.size() > 5 && base.ends_with(".gguf")) ids.push_back(base.substr(0, base.size() - 5));
+  return ids;
+}
 
 inline std::optional<LoadedModel> load_model(const std::string& cmd, const std::string& path) {
   auto model = Model::load(path);

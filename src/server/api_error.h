@@ -22,6 +22,12 @@ inline ApiError bad_request(std::string message, std::string param = {}, std::st
   return ApiError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
 }
 
+// 405 for a route that exists under other methods; send it with an
+// `Allow: <allow>` header.
+inline ApiError method_not_allowed_error(const std::string& allow) {
+  return ApiError{405, "method not allowed; use " + allow, "invalid_request_error", "", "method_not_allowed"};
+}
+
 // Maps an engine/validation Status to a 400 whose param is the field named at
 // the start of the message ("top_p: expected ...").
 ApiError from_status(const Status& st);

@@ -25,9 +25,7 @@ ApiError not_found_error(const std::string& what, const std::string& id, const s
   return ApiError{404, "no " + what + " '" + id.substr(0, 128) + "'", "invalid_request_error", param, "not_found"};
 }
 void method_not_allowed(const std::shared_ptr<http::ResponseChannel>& ch, const char* allow) {
-  send_error(ch, ApiError{405, std::string("method not allowed; use ") + allow, "invalid_request_error", "",
-                          "method_not_allowed"},
-             {{"Allow", allow}});
+  send_error(ch, method_not_allowed_error(allow), {{"Allow", allow}});
 }
 
 json file_json(const FileRecord& f) {

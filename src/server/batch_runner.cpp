@@ -19,9 +19,7 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 constexpr int kMaxLineDepth = 64;
 
-json error_record(const std::string& batch_id, int64_t line, const std::string& custom_id, const std::string& code,
-                  const std::string& message) {
-  (void)batch_id;
+json error_record(int64_t line, const std::string& custom_id, const std::string& code, const std::string& message) {
   return json{{"id", new_object_id("batch_req_")},
               {"custom_id", custom_id.empty() ? json(nullptr) : json(custom_id)},
               {"response", nullptr},
@@ -56,8 +54,7 @@ bool batch_endpoint_supported(const std::string& url) {
   return url == "/v1/chat/completions" || url == "/v1/completions";
 }
 
-ValidatedInput validate_batch_input(std::string_view content, const std::string& endpoint, const BatchLimits& limits,
-                                    const std::string& batch_id) {
+ValidatedInput validate_batch_input(std::string_view content, const std::string& endpoint, const BatchLimits& limits) {
   ValidatedInput v;
   if (content.size() > limits.max_file_bytes) {
     v.fatal = "the input file is larger than " + std::to_string(limits.max_file_bytes) + " bytes";
@@ -85,7 +82,7 @@ ValidatedInput validate_batch_input(std::string_view content, const std::string&
       o.line = line_no;
       o.custom_id = cid;
       o.ok = false;
-      o.record = dump(error_record(batch_id, line_no, cid, code, msg));
+      o.record = dump(error_record(line_no, cid, code, msg));
       v.malformed.push_back(std::move(o));
     };
     if (text.size() > limits.max_line_bytes) {
@@ -268,7 +265,7 @@ void BatchRunner::validate(BatchRecord b) {
   } else if (!read_whole(f->path, cfg_.limits.max_file_bytes, &content, &err)) {
     v.fatal = err;
   } else {
-    v = validate_batch_input(content, b.endpoint, cfg_.limits, b.id);
+    v = validate_batch_input(content, b.endpoint, cfg_.limits);
   }
   const int64_t now = unix_seconds();
   if (!v.fatal.empty()) {
@@ -278,7 +275,7 @@ void BatchRunner::validate(BatchRecord b) {
     b.failed_at = now;
     b.total = v.total;
     (void)store_.update_batch(b, "validating");  // unless cancelled meanwhile
-    report(b, 0);
+    report(b);
     return;
   }
   if (!store_.commit_lines(b.id, v.malformed).ok()) return;  // tried again at the next poll
@@ -287,7 +284,7 @@ void BatchRunner::validate(BatchRecord b) {
   b.status = "in_progress";
   b.in_progress_at = now;
   (void)store_.update_batch(b, "validating");  // a cancel meanwhile wins; the next poll finalizes it
-  report(b, 0);
+  report(b);
 }
 
 void BatchRunner::load(const BatchRecord& b) {
@@ -304,13 +301,17 @@ void BatchRunner::load(const BatchRecord& b) {
                                {"message", "the input file was removed or changed while the batch ran"},
                                {"line", nullptr}}})}});
     (void)store_.update_batch(failed, b.status);
-    report(failed, 0);
+    report(failed);
     return;
   }
-  ValidatedInput v = validate_batch_input(content, b.endpoint, cfg_.limits, b.id);
+  ValidatedInput v = validate_batch_input(content, b.endpoint, cfg_.limits);
   const std::vector<int64_t> done = store_.done_lines(b.id);
   Active a;
   a.rec = b;
+  a.progress.batch_id = b.id;
+  a.progress.status = b.status;
+  a.progress.counts = store_.counts(b.id, b.total);
+  a.progress.completion_tokens = store_.completion_tokens(b.id);
   for (BatchLine& l : v.lines)
     if (!std::binary_search(done.begin(), done.end(), l.line)) a.pending.push_back(std::move(l));
   active_.emplace(b.id, std::move(a));
@@ -428,7 +429,12 @@ void BatchRunner::commit_replies(std::vector<Reply> replies) {
       active_.erase(id);
       continue;
     }
-    report(a.rec, (int64_t)a.inflight.size());
+    for (const LineOutcome& o : outcomes) {  // rows of lines that were pending: each one new
+      (o.ok ? a.progress.counts.completed : a.progress.counts.failed)++;
+      a.progress.completion_tokens += o.completion_tokens;
+    }
+    a.progress.in_flight = (int64_t)a.inflight.size();
+    report(a.progress);
   }
 }
 
@@ -492,23 +498,29 @@ void BatchRunner::finalize(const BatchRecord& rec, const std::string& final_stat
   if (final_status == "cancelled") b.cancelled_at = now;
   if (final_status == "expired") b.expired_at = now;
   (void)store_.update_batch(b, rec.status);
-  report(b, 0);
+  report(b);
 }
 
-void BatchRunner::report(const BatchRecord& b, int64_t in_flight) {
-  std::function<void(const BatchProgress&)> fn;
+void BatchRunner::report(const BatchRecord& b) {
   {
     std::lock_guard<std::mutex> lk(inbox_->mu);
-    fn = inbox_->progress;
+    if (!inbox_->progress) return;
   }
-  if (!fn) return;
   BatchProgress p;
   p.batch_id = b.id;
   p.status = b.status;
   p.counts = store_.counts(b.id, b.total);
   p.completion_tokens = store_.completion_tokens(b.id);
-  p.in_flight = in_flight;
-  fn(p);
+  report(p);
+}
+
+void BatchRunner::report(const BatchProgress& p) {
+  std::function<void(const BatchProgress&)> fn;
+  {
+    std::lock_guard<std::mutex> lk(inbox_->mu);
+    fn = inbox_->progress;
+  }
+  if (fn) fn(p);
 }
 
 std::string BatchRunner::batch_json(const BatchRecord& b) const {

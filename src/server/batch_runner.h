@@ -68,8 +68,7 @@ struct ValidatedInput {
 // Parses and checks an input file: each non-blank line a JSON object with
 // custom_id (a unique non-empty string), method "POST", url (== endpoint, or
 // one of the supported endpoints when endpoint is "*") and body (an object).
-ValidatedInput validate_batch_input(std::string_view content, const std::string& endpoint, const BatchLimits& limits,
-                                    const std::string& batch_id);
+ValidatedInput validate_batch_input(std::string_view content, const std::string& endpoint, const BatchLimits& limits);
 
 bool batch_endpoint_supported(const std::string& url);
 
@@ -123,6 +122,7 @@ class BatchRunner {
     std::map<int64_t, std::function<void()>> inflight;  // line -> canceller
     std::map<int64_t, BatchLine> inflight_lines;
     std::vector<std::pair<double, BatchLine>> retry;  // (not before, line)
+    BatchProgress progress;  // counted here as lines commit (read from the store once, at load)
   };
   struct Reply {
     std::string batch_id;
@@ -139,7 +139,9 @@ class BatchRunner {
   void finish_if_done();
   void finalize(const BatchRecord& b, const std::string& final_status);
   void cancel_inflight(Active& a);
-  void report(const BatchRecord& b, int64_t in_flight);
+  // A state change: the counts are read from the store.
+  void report(const BatchRecord& b);
+  void report(const BatchProgress& p);
   double now_s() const;
 
   BatchStore& store_;

@@ -348,8 +348,7 @@ void OpenAiServer::send_error(const std::shared_ptr<http::ResponseChannel>& ch, 
 }
 
 void OpenAiServer::method_not_allowed(const std::shared_ptr<http::ResponseChannel>& ch, const char* allow) {
-  send_error(ch, ApiError{405, std::string("method not allowed; use ") + allow, "invalid_request_error", "", "method_not_allowed"},
-             {{"Allow", allow}});
+  send_error(ch, method_not_allowed_error(allow), {{"Allow", allow}});
 }
 
 int OpenAiServer::key_index(const http::HttpRequest& req) const {

@@ -175,7 +175,7 @@ TEST(BatchInput, ValidLinesAndMalformedOnesWithLineNumbers) {
   in += json{{"custom_id", "u"}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", json::object()}}.dump() + "\n";
   in += json{{"custom_id", "b"}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", "x"}}.dump() + "\n";
   in += json{{"method", "POST"}, {"url", "/v1/completions"}, {"body", json::object()}}.dump();  // no newline at the end
-  ValidatedInput v = validate_batch_input(in, "/v1/completions", BatchLimits{}, "batch_x");
+  ValidatedInput v = validate_batch_input(in, "/v1/completions", BatchLimits{});
   EXPECT_TRUE(v.fatal.empty());
   EXPECT_EQ(v.total, 9);
   ASSERT_EQ(v.lines.size(), 3u);
@@ -194,21 +194,21 @@ TEST(BatchInput, ValidLinesAndMalformedOnesWithLineNumbers) {
     EXPECT_TRUE(rec["response"].is_null());
   }
   // "*" (offline) accepts either endpoint per line.
-  EXPECT_EQ(validate_batch_input(lines_file(2, "/v1/chat/completions"), "*", BatchLimits{}, "b").lines.size(), 2u);
+  EXPECT_EQ(validate_batch_input(lines_file(2, "/v1/chat/completions"), "*", BatchLimits{}).lines.size(), 2u);
 }
 
 TEST(BatchInput, FileBoundsAreFatal) {
   BatchLimits small;
   small.max_lines = 5;
-  EXPECT_NE(validate_batch_input(lines_file(6), "/v1/completions", small, "b").fatal.find("more than 5 lines"),
+  EXPECT_NE(validate_batch_input(lines_file(6), "/v1/completions", small).fatal.find("more than 5 lines"),
             std::string::npos);
-  EXPECT_TRUE(validate_batch_input(lines_file(5), "/v1/completions", small, "b").fatal.empty());
-  EXPECT_FALSE(validate_batch_input("\n \n", "/v1/completions", small, "b").fatal.empty());  // no lines
+  EXPECT_TRUE(validate_batch_input(lines_file(5), "/v1/completions", small).fatal.empty());
+  EXPECT_FALSE(validate_batch_input("\n \n", "/v1/completions", small).fatal.empty());  // no lines
   small.max_file_bytes = 10;
-  EXPECT_FALSE(validate_batch_input(lines_file(1), "/v1/completions", small, "b").fatal.empty());
+  EXPECT_FALSE(validate_batch_input(lines_file(1), "/v1/completions", small).fatal.empty());
   BatchLimits line_cap;
   line_cap.max_line_bytes = 20;
-  ValidatedInput v = validate_batch_input(lines_file(1), "/v1/completions", line_cap, "b");
+  ValidatedInput v = validate_batch_input(lines_file(1), "/v1/completions", line_cap);
   ASSERT_EQ(v.malformed.size(), 1u);
   EXPECT_EQ(json::parse(v.malformed[0].record)["error"]["code"], "line_too_long");
 }
