@@ -14,7 +14,11 @@ using engine_detail::kMaxTimedChunks;
 // Samples under the sequence's grammar (if any) and advances its state.
 TokenId Engine::Impl::sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history) {
   if (!ss.grammar) return ss.sampler->sample(logits, history);
-  ss.grammar->fill_mask(ss.grammar_mask);
+  // Tokens left for this sequence, this one included: near the end the mask
+  // steers toward completing the grammar, so the output is not cut off.
+  int64_t budget = -1;
+  if (ss.req) budget = std::max<int64_t>(1, ss.req->max_total - (int64_t)ss.req->req.prompt.size() - ss.n_generated);
+  ss.grammar->fill_mask(ss.grammar_mask, budget);
   const TokenId t = ss.sampler->sample(logits, history, ss.grammar_mask);
   ss.grammar->accept_token(t);
   return t;

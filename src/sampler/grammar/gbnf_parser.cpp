@@ -432,8 +432,37 @@ Status Parser::check_and_flatten(CompiledGrammar& g) {
       }
     }
   }
+  // Shortest completion of each rule, in code points, by fixpoint. A rule
+  // with none matches no finite string: alternatives that use one can never
+  // complete, so they are dropped (the matcher then never enters a branch
+  // that cannot end); a root with none is an error.
+  constexpr uint32_t kInf = CompiledGrammar::kNoEnd;
+  auto seq_min = [&](const Seq& alt, const std::vector<uint32_t>& ml) {
+    uint64_t sum = 0;
+    for (const GrammarElem& e : alt) {
+      const uint32_t m = e.kind == GrammarElem::ref ? ml[e.value] : (classes_[e.value].empty() ? kInf : 1u);
+      if (m == kInf) return kInf;
+      sum += m;
+    }
+    return (uint32_t)std::min<uint64_t>(sum, kInf - 1);
+  };
+  std::vector<uint32_t> min_len(n, kInf);
+  for (bool changed = true; changed;) {
+    changed = false;
+    if (!check_time()) return err_;
+    for (size_t r = 0; r < n; ++r)
+      for (const Seq& alt : rules_[r]) {
+        const uint32_t m = seq_min(alt, min_len);
+        if (m < min_len[r]) { min_len[r] = m; changed = true; }
+      }
+  }
+  if (min_len[rit->second] == kInf)
+    return invalid_argument("grammar: rule 'root' matches no finite string (every alternative recurses forever or uses an empty class)");
+  for (size_t r = 0; r < n; ++r)
+    std::erase_if(rules_[r], [&](const Seq& alt) { return seq_min(alt, min_len) == kInf; });
   // Flatten.
   g.rule_alts.resize(n);
+  g.rule_min = min_len;
   g.rule_names = names_;
   for (size_t r = 0; r < n; ++r)
     for (const Seq& alt : rules_[r]) {
@@ -441,6 +470,14 @@ Status Parser::check_and_flatten(CompiledGrammar& g) {
       g.elems.insert(g.elems.end(), alt.begin(), alt.end());
       g.elems.push_back({GrammarElem::end, 0});
     }
+  // min_rest[p]: the shortest completion from element p to its alternative's end.
+  g.min_rest.assign(g.elems.size(), 0);
+  for (size_t p = g.elems.size(); p-- > 0;) {
+    const GrammarElem& e = g.elems[p];
+    if (e.kind == GrammarElem::end) continue;
+    const uint32_t m = e.kind == GrammarElem::ref ? min_len[e.value] : 1u;
+    g.min_rest[p] = (uint32_t)std::min<uint64_t>((uint64_t)m + g.min_rest[p + 1], kInf - 1);
+  }
   g.classes.resize(classes_.size());
   for (size_t c = 0; c < classes_.size(); ++c) {
     CharClass& cc = g.classes[c];

@@ -71,6 +71,13 @@ class CompiledGrammar {
   std::vector<std::string> rule_names;
   std::vector<CharClass> classes;
   uint32_t root = 0;
+  // Shortest completions, in code points: rule_min[rule] for a whole rule,
+  // min_rest[p] from element p to the end of its alternative. Alternatives
+  // that cannot complete are dropped at compile time, so every value is
+  // finite (below kNoEnd).
+  static constexpr uint32_t kNoEnd = 0xFFFFFFFFu;
+  std::vector<uint32_t> rule_min;
+  std::vector<uint32_t> min_rest;
   std::string source;  // the GBNF text it was compiled from (JSON Schema etc. translate to it)
 };
 

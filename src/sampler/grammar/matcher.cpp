@@ -74,6 +74,7 @@ uint32_t GrammarMatcher::intern(uint32_t pos, uint32_t parent) {
       return 0;
     }
     nodes_.push_back({pos, parent});
+    rest_.push_back(kNil);
     succ_off_.push_back(kNil);
     succ_len_.push_back(0);
   }
@@ -154,6 +155,9 @@ bool GrammarMatcher::step(const State& in, uint8_t b, State& out) {
     const uint32_t hi = std::min<uint32_t>(((cp + 1) << (6 * need)) - 1, 0x10FFFF);
     const uint32_t lo = std::max(cp << (6 * need), kMinOfLen[len]);
     if (lo > hi) return false;
+    // Every completion of this prefix a surrogate (ED A0..BF): invalid
+    // UTF-8, however it continues.
+    if (lo >= 0xD800 && hi <= 0xDFFF) return false;
     bool any = false;
     for (uint32_t s : in.stacks)
       if (s != kAccept && top_class(s).intersects(lo, hi)) { any = true; break; }
@@ -205,7 +209,85 @@ bool GrammarMatcher::accept_token(TokenId t) {
   return accept_bytes(p);
 }
 
-void GrammarMatcher::fill_mask(std::vector<uint64_t>& bits) {
+uint32_t GrammarMatcher::rest(uint32_t stack) {
+  if (stack == kAccept) return 0;
+  // Iterative over the parent chain (stacks can be deep): find the first
+  // node with a known value, then fill in the path back down.
+  rest_path_.clear();
+  uint32_t s = stack;
+  while (s != kNil && rest_[s] == kNil) {
+    rest_path_.push_back(s);
+    s = nodes_[s].parent;
+  }
+  uint64_t acc = s == kNil ? 0 : rest_[s];
+  for (size_t i = rest_path_.size(); i-- > 0;) {
+    const uint32_t n = rest_path_[i];
+    acc = std::min<uint64_t>(acc + g_->min_rest[nodes_[n].pos], CompiledGrammar::kNoEnd - 1);
+    rest_[n] = (uint32_t)acc;
+  }
+  return rest_[stack];
+}
+
+uint32_t GrammarMatcher::rest(const State& st) {
+  uint32_t best = CompiledGrammar::kNoEnd;
+  if (st.need == 0) {
+    for (uint32_t s : st.stacks) best = std::min(best, rest(s));
+    return best;
+  }
+  // Only the stacks that can take the character in progress count.
+  static constexpr uint32_t kMinOfLen[5] = {0, 0, 0x80, 0x800, 0x10000};
+  const uint32_t hi = std::min<uint32_t>(((st.acc + 1) << (6 * st.need)) - 1, 0x10FFFF);
+  const uint32_t lo = std::max(st.acc << (6 * st.need), kMinOfLen[st.len]);
+  for (uint32_t s : st.stacks)
+    if (s != kAccept && top_class(s).intersects(lo, hi)) best = std::min(best, rest(s));
+  // Inside a UTF-8 sequence the character in progress (counted once in the
+  // stacks) still needs `need` bytes, each possibly a token of its own.
+  if (st.need > 0 && best != CompiledGrammar::kNoEnd) best += st.need - 1u;
+  return best;
+}
+
+uint32_t GrammarMatcher::min_remaining() {
+  if (dead_ || finished_) return 0;
+  return rest(state_);
+}
+
+// One walk of the trie from the current state: `bits` gets every token the
+// grammar allows; `tight` (when given) those after which the shortest
+// completion plus the end-of-generation token fits in budget - 1 tokens.
+// max_rest: the largest shortest completion after any allowed token.
+void GrammarMatcher::walk(std::vector<uint64_t>& bits, std::vector<uint64_t>* tight, int64_t budget, uint32_t& max_rest) {
+  const auto& nodes = trie_->nodes();
+  const auto& toks = trie_->tokens();
+  if (levels_.empty()) {
+    size_t max_depth = 0;
+    for (const auto& n : nodes) max_depth = std::max<size_t>(max_depth, n.depth);
+    levels_.resize(max_depth + 1);
+  }
+  max_rest = 0;
+  levels_[0] = state_;
+  for (size_t i = 1; i < nodes.size();) {
+    const TokenTrie::Node& n = nodes[i];
+    if (!step(levels_[n.depth - 1], n.byte, levels_[n.depth])) {
+      i = n.end;
+      continue;
+    }
+    if (n.tok_begin < n.tok_end) {
+      const uint32_t r = rest(levels_[n.depth]);
+      max_rest = std::max(max_rest, r);
+      const bool fits = tight && (int64_t)r + 1 <= budget - 1;
+      for (uint32_t k = n.tok_begin; k < n.tok_end; ++k) {
+        const uint64_t b = 1ull << (toks[k] & 63);
+        bits[(size_t)toks[k] >> 6] |= b;
+        if (fits) (*tight)[(size_t)toks[k] >> 6] |= b;
+      }
+    }
+    ++i;
+  }
+}
+
+void GrammarMatcher::fill_mask(std::vector<uint64_t>& bits) { fill_mask(bits, -1); }
+
+void GrammarMatcher::fill_mask(std::vector<uint64_t>& bits, int64_t budget) {
   const size_t words = ((size_t)trie_->n_vocab() + 63) / 64;
   auto allow_eog = [&](std::vector<uint64_t>& b) {
     for (TokenId t : trie_->eog()) b[(size_t)t >> 6] |= 1ull << (t & 63);
@@ -218,28 +300,20 @@ void GrammarMatcher::fill_mask(std::vector<uint64_t>& bits) {
   std::vector<uint32_t> key = state_.stacks;
   key.push_back(state_.acc);
   key.push_back(state_.need | (uint32_t)state_.len << 8);
+  auto fits = [&](uint32_t max_rest) { return budget < 0 || (int64_t)max_rest + 1 <= budget - 1; };
   if (auto it = mask_cache_.find(key); mask_cache_on_ && it != mask_cache_.end()) {
-    bits = it->second;
+    bits = it->second.bits;
+    if (fits(it->second.max_rest)) return;
+    std::vector<uint64_t> plain(words, 0), tight(words, 0);
+    uint32_t max_rest = 0;
+    walk(plain, &tight, budget, max_rest);
+    use_tight(bits, tight);
     return;
   }
   bits.assign(words, 0);
-  const auto& nodes = trie_->nodes();
-  const auto& toks = trie_->tokens();
-  if (levels_.empty()) {
-    size_t max_depth = 0;
-    for (const auto& n : nodes) max_depth = std::max<size_t>(max_depth, n.depth);
-    levels_.resize(max_depth + 1);
-  }
-  levels_[0] = state_;
-  for (size_t i = 1; i < nodes.size();) {
-    const TokenTrie::Node& n = nodes[i];
-    if (!step(levels_[n.depth - 1], n.byte, levels_[n.depth])) {
-      i = n.end;
-      continue;
-    }
-    for (uint32_t k = n.tok_begin; k < n.tok_end; ++k) bits[(size_t)toks[k] >> 6] |= 1ull << (toks[k] & 63);
-    ++i;
-  }
+  std::vector<uint64_t> tight(budget >= 0 ? words : 0, 0);
+  uint32_t max_rest = 0;
+  walk(bits, budget >= 0 ? &tight : nullptr, budget, max_rest);
   if (can_end()) allow_eog(bits);
   if (dead_) {  // a bound was hit during the walk: only end-of-generation from now on
     bits.assign(words, 0);
@@ -249,9 +323,23 @@ void GrammarMatcher::fill_mask(std::vector<uint64_t>& bits) {
   bool any = false;
   for (uint64_t w : bits) any |= w != 0;
   if (!any) allow_eog(bits);  // a dead end (should not happen): let the sequence stop
-  if (!mask_cache_on_) return;
-  if ((mask_cache_.size() + 1) * words * 8 > kMaskCacheBytes) mask_cache_.clear();
-  mask_cache_.emplace(std::move(key), bits);
+  if (mask_cache_on_) {
+    if ((mask_cache_.size() + 1) * words * 8 > kMaskCacheBytes) mask_cache_.clear();
+    mask_cache_[key] = CachedMask{bits, max_rest};
+  }
+  if (fits(max_rest)) return;
+  use_tight(bits, tight);
+}
+
+// Tight budget: keep only the tokens that leave a short enough completion
+// (unless none does: then the plain mask, best effort).
+void GrammarMatcher::use_tight(std::vector<uint64_t>& bits, std::vector<uint64_t>& tight) {
+  bool any_text = false;
+  for (uint64_t w : tight) any_text |= w != 0;
+  if (can_end()) {
+    for (TokenId t : trie_->eog()) tight[(size_t)t >> 6] |= 1ull << (t & 63);
+  }
+  if ((any_text || can_end()) && !dead_) bits.swap(tight);
 }
 
 }  // namespace serval

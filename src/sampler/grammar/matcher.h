@@ -78,6 +78,16 @@ class GrammarMatcher {
   // the vocabulary. End-of-generation tokens are allowed iff can_end() (or
   // when nothing else is: the matcher is dead).
   void fill_mask(std::vector<uint64_t>& bits);
+  // The same, with `budget` tokens left (this one included): when the
+  // budget is tight, only tokens after which the grammar can still be
+  // completed, and end-of-generation emitted, within the remaining
+  // budget - 1 tokens (counting one token per character) are allowed, so a
+  // constrained output ends complete rather than cut off by max_tokens (as
+  // long as the vocabulary has the single characters of the shortest
+  // completion; if no token qualifies the plain mask is used).
+  void fill_mask(std::vector<uint64_t>& bits, int64_t budget);
+  // Shortest completion of the current state, in code points (0: can end).
+  uint32_t min_remaining();
 
   // Advances over token t. False (state unchanged) if t is not allowed.
   // An end-of-generation token is accepted iff can_end().
@@ -114,6 +124,10 @@ class GrammarMatcher {
   void successors(uint32_t stack, uint32_t& off, uint32_t& len);
   bool step(const State& in, uint8_t byte, State& out);
   const CharClass& top_class(uint32_t stack) const;
+  uint32_t rest(uint32_t stack);            // shortest completion of one stack
+  uint32_t rest(const State& st);           // of a state (min over its stacks)
+  void walk(std::vector<uint64_t>& bits, std::vector<uint64_t>* tight, int64_t budget, uint32_t& max_rest);
+  void use_tight(std::vector<uint64_t>& bits, std::vector<uint64_t>& tight);
 
   GrammarPtr g_;
   std::shared_ptr<const TokenTrie> trie_;
@@ -125,6 +139,8 @@ class GrammarMatcher {
   std::vector<StackNode> nodes_;
   std::unordered_map<uint64_t, uint32_t> intern_;
   std::vector<uint32_t> succ_off_, succ_len_;  // per stack node; off == kNil: not computed
+  std::vector<uint32_t> rest_;                 // per stack node: rest(); kNil: not computed
+  std::vector<uint32_t> rest_path_;            // rest() scratch
   std::vector<uint32_t> succ_pool_;
   std::vector<std::pair<uint32_t, uint32_t>> work_;  // expand() scratch
   std::unordered_map<uint64_t, char> seen_;          // expand() scratch
@@ -133,7 +149,13 @@ class GrammarMatcher {
   struct VecHash {
     size_t operator()(const std::vector<uint32_t>& v) const;
   };
-  std::unordered_map<std::vector<uint32_t>, std::vector<uint64_t>, VecHash> mask_cache_;
+  // Per state: the plain mask and the largest rest() after any allowed
+  // token (a budget at least one above it leaves the mask unchanged).
+  struct CachedMask {
+    std::vector<uint64_t> bits;
+    uint32_t max_rest = 0;
+  };
+  std::unordered_map<std::vector<uint32_t>, CachedMask, VecHash> mask_cache_;
 };
 
 }  // namespace serval
