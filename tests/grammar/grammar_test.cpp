@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/token_trie_for.h"
+#include "sampler/grammar/json_schema_internal.h"
 #include "gguf/gguf_reader.h"
 #include "sampler/grammar/grammar.h"
 #include "sampler/grammar/grammar_cache.h"
@@ -177,10 +178,10 @@ TEST(Budgets, AbuseFailsFast) {
   expect_fast_error([&] { return compile_gbnf(many + "\n"); }, "exceeds the limit");
   expect_fast_error([&] { return compile_gbnf(std::string(300000, ' ') + "root ::= \"a\""); }, "source of");
   expect_fast_error([&] { return compile_gbnf("root ::= a\na ::= b \"x\"\nb ::= a\n"); }, "left-recursive");
-  expect_fast_error([&] { return compile_json_schema(R"({"$ref": "#"})"); }, "left-recursive");
+  expect_fast_error([&] { return compile_json_schema(R"({"$ref": "#"})"); }, "refers to itself in place");
   expect_fast_error([&] { return compile_json_schema(R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"})"); },
-                    "left-recursive");
-  expect_fast_error([&] { return compile_json_schema(R"({"type": "array", "maxItems": 100000})"); }, "maxItems 100000");
+                    "refers to itself in place");
+  expect_fast_error([&] { return compile_json_schema(R"({"type": "array", "minItems": 100000})"); }, "'minItems'");
   std::string nested;
   for (int i = 0; i < 60000; ++i) nested += R"({"type":"array","items":)";
   nested += "{}" + std::string(60000, '}');
@@ -192,7 +193,7 @@ TEST(Budgets, AbuseFailsFast) {
   expect_fast_error([&] { return compile_regex(std::string(60000, '(') + "a" + std::string(60000, ')')); }, "nesting");
   expect_fast_error([&] { return compile_regex("a{1,99999999}"); }, "repetition count");
   expect_fast_error([&] { return compile_regex("(a)\\1"); }, "unsupported escape");
-  expect_fast_error([&] { return compile_json_schema(R"({"type": "integer", "minimum": 3})"); }, "'minimum' is not supported");
+  expect_fast_error([&] { return compile_json_schema(R"({"type": "integer", "minimun": 3})"); }, "keyword 'minimun'");
   expect_fast_error([&] { return compile_json_schema(R"({"$ref": "#/$defs/missing"})"); }, "does not resolve");
 }
 
@@ -229,9 +230,12 @@ TEST(JsonSchema, AcceptsValidAndRejectsInvalid) {
   auto open = compile_json_schema(R"({"type":"object","properties":{"a":{"type":"number"}},"additionalProperties":{"type":"boolean"}})");
   ASSERT_TRUE(open.ok()) << open.status().message();
   EXPECT_TRUE(matches(*open, R"({})"));
-  EXPECT_TRUE(matches(*open, R"({"a": 1.5e-3, "x": true, "y": false})"));
-  EXPECT_TRUE(matches(*open, R"({"x": true})"));
-  EXPECT_FALSE(matches(*open, R"({"x": 1})"));
+  EXPECT_TRUE(matches(*open, R"({"a": 1.5, "xy": true, "yz": false})"));
+  EXPECT_TRUE(matches(*open, R"({"xy": true})"));
+  EXPECT_FALSE(matches(*open, R"({"xy": 1})"));
+  // Undeclared keys are generated longer than every declared one, so never
+  // a declared key again with the wrong type.
+  EXPECT_FALSE(matches(*open, R"({"a": true})"));
 
   auto tree = compile_json_schema(R"({"$defs":{"node":{"type":"object","properties":{"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}}}},"$ref":"#/$defs/node"})");
   ASSERT_TRUE(tree.ok()) << tree.status().message();
@@ -402,6 +406,11 @@ TEST(Mask, RejectsOverlongAndSurrogateUtf8) {
   EXPECT_FALSE(m.accept_bytes("\xE0\x81\xBB"));  // overlong '{'
   EXPECT_FALSE(m.accept_bytes("\xC1\xBF"));
   EXPECT_FALSE(m.accept_bytes("\xED\xA0\x80"));  // U+D800
+  // A prefix no continuation can make valid is refused at once, so the mask
+  // never leads into a dead end (byte tokens of a 32k vocabulary).
+  EXPECT_FALSE(m.accept_bytes("\xED\xA0"));
+  EXPECT_TRUE(m.accept_bytes("\xED\x9F"));   // U+D7C0..U+D7FF: still fine
+  EXPECT_TRUE(m.accept_bytes("\xBF"));
   EXPECT_TRUE(m.accept_bytes("\xC3\xA9\xE6\x97\xA5"));
 }
 
@@ -467,6 +476,102 @@ TEST(GrammarCache, BoundedLruThatAlsoKeepsErrors) {
   get("root ::= \"a\"\n");  // evicted as least recently used: compiled again
   EXPECT_EQ(compiles, 5);
   EXPECT_EQ(cache.hits(), 2u);
+}
+
+// A budget-aware walk: with `budget` tokens, picking any allowed token at
+// random (the worst a sampler can do), the output must end with
+// end-of-generation inside the budget, and what was accepted must be a
+// complete sentence of the grammar.
+void budget_walk_check(const GrammarPtr& g, const std::shared_ptr<const TokenTrie>& trie, int budget, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  GrammarMatcher m(g, trie);
+  std::vector<uint64_t> bits;
+  std::string text;
+  if ((int)m.min_remaining() + 1 > budget) return;  // no complete output fits at all
+  for (int left = budget; left > 0; --left) {
+    m.fill_mask(bits, left);
+    std::vector<TokenId> allowed;
+    for (TokenId t = 0; t < trie->n_vocab(); ++t)
+      if (bit(bits, t)) allowed.push_back(t);
+    ASSERT_FALSE(allowed.empty());
+    const TokenId t = allowed[rng() % allowed.size()];
+    if (trie->is_eog(t)) {
+      ASSERT_TRUE(m.accept_token(t));
+      return;
+    }
+    ASSERT_TRUE(m.accept_token(t)) << "token " << t;
+    text += trie->piece(t);
+  }
+  FAIL() << "budget " << budget << " seed " << seed << ": no end of generation; output " << text
+         << " (shortest completion " << m.min_remaining() << ")";
+}
+
+// The digit-range grammar behind minimum/maximum, against counting: every
+// integer in a window around the range matches iff it lies in the range.
+TEST(JsonSchema, IntegerRangesAreExact) {
+  std::mt19937_64 rng(5);
+  std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 0}, {0, 9}, {1, 10}, {-10, -1}, {-5, 5}, {7, 1234}, {-999, 99},
+                                                     {100, 199}, {-1000, -1000}, {19, 21}, {99, 101}, {0, 999999}};
+  for (int i = 0; i < 40; ++i) {
+    const int64_t a = (int64_t)(rng() % 200000) - 100000, b = a + (int64_t)(rng() % 3000);
+    ranges.push_back({a, b});
+  }
+  for (auto [lo, hi] : ranges) {
+    GrammarPtr g = gbnf("root ::= " + json_schema::int_range_gbnf(lo, hi) + "\n");
+    ASSERT_TRUE(g) << lo << " " << hi;
+    const int64_t from = lo - 120, to = std::min(hi, lo + 2500) + 120;
+    for (int64_t x = from; x <= to; ++x)
+      ASSERT_EQ(matches(g, std::to_string(x)), x >= lo && x <= hi) << "[" << lo << ", " << hi << "] " << x;
+    if (hi - lo > 2500) {
+      for (int64_t x = hi - 120; x <= hi + 120; ++x) ASSERT_EQ(matches(g, std::to_string(x)), x <= hi) << x;
+    }
+    EXPECT_FALSE(matches(g, "-0"));
+    EXPECT_FALSE(matches(g, "0" + std::to_string(std::max<int64_t>(lo, 1))));  // no leading zeros
+  }
+}
+
+TEST(Mask, BudgetCountsTheBytesOfAPartialCharacter) {
+  auto trie = small_trie();
+  auto g = compile_json_schema(R"({"type":"string"})");
+  ASSERT_TRUE(g.ok());
+  auto id = [&](const std::string& piece) {
+    for (TokenId t = 0; t < trie->n_vocab(); ++t)
+      if (trie->piece(t) == piece) return t;
+    return (TokenId)-1;
+  };
+  GrammarMatcher m(*g, trie);
+  ASSERT_TRUE(m.accept_bytes("\""));
+  std::vector<uint64_t> bits;
+  // 4 tokens left: "\xE6\x97" then "\xA5", the closing quote and the end: fits.
+  m.fill_mask(bits, 4);
+  EXPECT_TRUE(bit(bits, id("\xE6\x97")));
+  // 3 left: the character would need its last byte, the quote and the end.
+  m.fill_mask(bits, 3);
+  EXPECT_FALSE(bit(bits, id("\xE6\x97")));
+  EXPECT_FALSE(bit(bits, id("\xC3")));
+  EXPECT_TRUE(bit(bits, id("a")));
+  EXPECT_TRUE(bit(bits, id("\xC3\xA9")));  // é whole: one token
+  // 2 left: only the closing quote (then the end).
+  m.fill_mask(bits, 2);
+  EXPECT_FALSE(bit(bits, id("a")));
+  EXPECT_TRUE(bit(bits, id("\"")));
+  EXPECT_FALSE(bit(bits, 0));
+}
+
+TEST(Mask, BudgetEndsEveryOutputComplete) {
+  auto small = small_trie();
+  Tokenizer tok = load_tokenizer("ggml-vocab-llama-spm.gguf");
+  auto big = token_trie_for(tok);
+  for (const char* schema : {R"({})", R"({"exclusiveMinimum": 1.1})", R"({"anyOf": [true, true]})",
+                             R"({"type":"object","properties":{"a":{"type":"array","items":{"type":"string"}}},"required":["a"]})"}) {
+    auto g = compile_json_schema(schema);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    for (int budget : {4, 12, 40})
+      for (uint64_t seed = 1; seed <= 6; ++seed) {
+        budget_walk_check(*g, small, budget, seed);
+        budget_walk_check(*g, big, budget, seed);
+      }
+  }
 }
 
 }  // namespace

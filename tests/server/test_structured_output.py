@@ -4,7 +4,8 @@ temperature 1.0 must all parse and validate (Debian's python3-jsonschema is
 the independent validator), json_object / regex / choice / GBNF constrain the
 text, tool calls come back as OpenAI tool_calls (streaming and not), and the
 abuse cases (deep nesting, huge repetitions, left recursion, $ref cycles,
-maxItems 100000) each get a fast 400 naming the problem."""
+minItems 100000, unknown keywords, unsatisfiable schemas) each get a fast 400
+naming the problem."""
 
 import contextlib
 import json
@@ -338,13 +339,15 @@ def abuse_gets_fast_400(ctx):
         ("undefined rule", {"grammar": "root ::= nope"}, "grammar", "not defined"),
         ("ref cycle", {"response_format": {"type": "json_schema", "json_schema": {
             "name": "c", "schema": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
-                                    "$ref": "#/$defs/a"}}}}, "response_format", "left-recursive"),
-        ("maxItems 100000", {"response_format": {"type": "json_schema", "json_schema": {
-            "name": "m", "schema": {"type": "array", "maxItems": 100000}}}}, "response_format", "maxItems"),
+                                    "$ref": "#/$defs/a"}}}}, "response_format", "refers to itself in place"),
+        ("minItems 100000", {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "m", "schema": {"type": "array", "minItems": 100000}}}}, "response_format", "'minItems'"),
         ("huge regex", {"regex": "a{99999999}"}, "regex", "repetition"),
         ("two constraints", {"regex": "a", "choice": ["a"]}, "choice", "only one"),
         ("unsupported keyword", {"response_format": {"type": "json_schema", "json_schema": {
-            "name": "k", "schema": {"type": "integer", "minimum": 1}}}}, "response_format", "minimum"),
+            "name": "k", "schema": {"type": "integer", "minimun": 1}}}}, "response_format", "keyword 'minimun'"),
+        ("unsatisfiable", {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "u", "schema": {"oneOf": [True, True]}}}}, "response_format", "keyword 'oneOf'"),
         ("bad tool_choice", {"messages": MSG, "tools": TOOLS, "tool_choice": {"type": "function",
                                                                               "function": {"name": "nope"}}},
          "tool_choice", "nope"),

@@ -12,6 +12,10 @@ namespace serval {
 // larger grammars (JSON Schema "pattern").
 Expected<std::string> regex_to_gbnf_expr(std::string_view regex, const GrammarLimits& limits);
 
+// The same, as the body of a JSON string literal: characters JSON escapes
+// are generated as escapes; negated shorthands keep to printable ASCII.
+Expected<std::string> regex_to_json_string_gbnf(std::string_view regex, const GrammarLimits& limits);
+
 }  // namespace serval
 
 namespace serval {

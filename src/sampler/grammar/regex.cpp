@@ -1,6 +1,9 @@
 // Regular expression -> GBNF (grammar.h). Recursive descent bounded by
 // GrammarLimits::max_nesting.
+#include <algorithm>
+#include <cctype>
 #include <string>
+#include <vector>
 
 #include "sampler/grammar/grammar.h"
 #include "sampler/grammar/grammar_internal.h"
@@ -31,7 +34,13 @@ std::string utf8(uint32_t c) {
 
 class RegexParser {
  public:
-  RegexParser(std::string_view re, const GrammarLimits& lim) : s_(re), lim_(lim) {}
+  // json_string: the output is the body of a JSON string literal: characters
+  // JSON must escape are written as escapes or left out of classes, and
+  // negated shorthands (\D \W \S) and `.` keep to characters every regex
+  // engine agrees on (printable ASCII for the shorthands), so a string
+  // generated here matches the pattern under any validator's regex engine.
+  RegexParser(std::string_view re, const GrammarLimits& lim, bool json_string = false)
+      : s_(re), lim_(lim), json_(json_string) {}
 
   Expected<std::string> run() {
     if (s_.size() > lim_.max_source_bytes)
@@ -48,7 +57,73 @@ class RegexParser {
   std::string_view s_;
   size_t pos_ = 0;
   const GrammarLimits& lim_;
+  bool json_ = false;
   Status err_;
+
+  using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+  static Ranges normalize(Ranges r) {
+    std::sort(r.begin(), r.end());
+    Ranges out;
+    for (auto [lo, hi] : r) {
+      if (!out.empty() && lo <= out.back().second + 1) out.back().second = std::max(out.back().second, hi);
+      else out.push_back({lo, hi});
+    }
+    return out;
+  }
+  static Ranges invert(const Ranges& r) {
+    Ranges out;
+    uint32_t next = 0;
+    for (auto [lo, hi] : r) {
+      if (lo > next) out.push_back({next, lo - 1});
+      next = hi + 1;
+    }
+    if (next <= 0x10FFFF) out.push_back({next, 0x10FFFF});
+    return out;
+  }
+  static Ranges intersect(const Ranges& a, const Ranges& b) { return invert(normalize([&] {
+    Ranges u = invert(a);
+    const Ranges ib = invert(b);
+    u.insert(u.end(), ib.begin(), ib.end());
+    return u;
+  }())); }
+  static bool has(const Ranges& r, uint32_t c) {
+    for (auto [lo, hi] : r)
+      if (c >= lo && c <= hi) return true;
+    return false;
+  }
+  static Ranges shorthand(char e) {
+    switch (e) {
+      case 'd': return {{'0', '9'}};
+      case 'w': return normalize({{'a', 'z'}, {'A', 'Z'}, {'0', '9'}, {'_', '_'}});
+      default: return normalize({{' ', ' '}, {'\t', '\r'}});  // \t \n \v \f \r
+    }
+  }
+  // A JSON-string expression for a set of code points.
+  std::string json_class(Ranges r) {
+    r = normalize(r);
+    std::string alts;
+    for (auto [c, esc] : {std::pair<uint32_t, const char*>{'"', "\\\""}, {'\\', "\\\\"}, {'\n', "\\n"}, {'\t', "\\t"}})
+      if (has(r, c)) alts += " | " + gbnf_literal(esc);
+    r = intersect(r, invert(normalize({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}})));
+    std::string body;
+    for (auto [lo, hi] : r) body += class_char(lo) + (hi > lo ? "-" + class_char(hi) : std::string());
+    std::string out = body.empty() ? std::string() : "[" + body + "]";
+    if (!alts.empty()) out = "(" + (out.empty() ? alts.substr(3) : out + alts) + ")";
+    if (out.empty()) fail("a character class with no character a JSON string can hold");
+    return out;
+  }
+  std::string literal(uint32_t cp) {
+    if (!json_) return gbnf_literal(utf8(cp));
+    if (cp == '"') return gbnf_literal("\\\"");
+    if (cp == '\\') return gbnf_literal("\\\\");
+    if (cp < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04X", cp);
+      return gbnf_literal(buf);
+    }
+    return gbnf_literal(utf8(cp));
+  }
 
   void fail(const std::string& m) {
     if (err_.ok()) err_ = invalid_argument("regex: at offset " + std::to_string(pos_) + ": " + m);
@@ -99,7 +174,54 @@ class RegexParser {
     }
   }
 
+  // [...] in json_string mode: the set as ranges, then json_class().
+  std::string char_class_json() {  // after '['
+    bool neg = false;
+    if (peek() == '^') neg = true, ++pos_;
+    Ranges r;
+    bool first = true;
+    while (!eof() && (peek() != ']' || first)) {
+      first = false;
+      uint32_t lo;
+      if (peek() == '\\') {
+        ++pos_;
+        const char e = peek();
+        std::string cls;
+        bool sneg = false;
+        if (!escape(lo, cls, sneg)) return {};
+        if (!cls.empty()) {
+          if (sneg) return fail("negated shorthand (\\D \\W \\S) inside [...] is not supported"), std::string();
+          const Ranges sh = shorthand(e);
+          r.insert(r.end(), sh.begin(), sh.end());
+          continue;
+        }
+      } else if (!decode(lo)) {
+        return {};
+      }
+      uint32_t hi = lo;
+      if (peek() == '-' && pos_ + 1 < s_.size() && s_[pos_ + 1] != ']') {
+        ++pos_;
+        std::string cls;
+        bool sneg = false;
+        if (peek() == '\\') {
+          ++pos_;
+          if (!escape(hi, cls, sneg)) return {};
+          if (!cls.empty()) return fail("a class shorthand cannot end a range"), std::string();
+        } else if (!decode(hi)) {
+          return {};
+        }
+        if (hi < lo) return fail("reversed range in [...]"), std::string();
+      }
+      r.push_back({lo, hi});
+    }
+    if (eof()) return fail("unterminated [...]"), std::string();
+    ++pos_;
+    r = normalize(r);
+    return json_class(neg ? invert(r) : r);
+  }
+
   std::string char_class() {  // after '['
+    if (json_) return char_class_json();
     std::string out = "[";
     if (peek() == '^') out += '^', ++pos_;
     bool first = true;
@@ -179,14 +301,20 @@ class RegexParser {
         atom = char_class();
       } else if (c == '.') {
         ++pos_;
-        atom = "[^\\n]";
+        atom = json_ ? json_class(invert({{'\n', '\n'}})) : "[^\\n]";
       } else if (c == '\\') {
         ++pos_;
         uint32_t cp;
         std::string cls;
         bool neg;
+        const char e = peek();
         if (!escape(cp, cls, neg)) return {};
-        atom = cls.empty() ? gbnf_literal(utf8(cp)) : (neg ? "[^" : "[") + cls + "]";
+        if (json_ && !cls.empty()) {
+          const Ranges sh = shorthand((char)std::tolower((unsigned char)e));
+          atom = json_class(neg ? intersect(invert(sh), {{0x20, 0x7E}}) : sh);
+        } else {
+          atom = cls.empty() ? literal(cp) : (neg ? "[^" : "[") + cls + "]";
+        }
       } else if (c == '*' || c == '+' || c == '?' || c == '{') {
         return fail("quantifier without a preceding item"), std::string();
       } else if (c == '^' || c == '$') {
@@ -194,7 +322,7 @@ class RegexParser {
       } else {
         uint32_t cp;
         if (!decode(cp)) return {};
-        atom = gbnf_literal(utf8(cp));
+        atom = literal(cp);
       }
       if (!err_.ok()) return {};
       atom += quantifier();
@@ -257,6 +385,10 @@ class RegexParser {
 
 Expected<std::string> regex_to_gbnf_expr(std::string_view regex, const GrammarLimits& limits) {
   return RegexParser(regex, limits).run();
+}
+
+Expected<std::string> regex_to_json_string_gbnf(std::string_view regex, const GrammarLimits& limits) {
+  return RegexParser(regex, limits, true).run();
 }
 
 Expected<std::string> regex_to_gbnf(std::string_view regex, const GrammarLimits& limits) {
