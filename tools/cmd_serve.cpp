@@ -66,6 +66,11 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--api-key", api_keys, "require 'Authorization: Bearer KEY' (repeatable)");
   app.add_option("--api-key-file", api_key_file, "file with one API key per line");
   app.add_option("--chat-template", chat_template_file, "Jinja chat template file (overrides the model's)");
+  std::string reasoning_format = "auto";
+  app.add_option("--reasoning-format", reasoning_format,
+                 "chat: split <think> blocks into reasoning_content: auto (when the template shows the model "
+                 "reasons), deepseek (always), none (raw text)")
+      ->check(CLI::IsMember({"auto", "deepseek", "none"}));
   app.add_option("--served-model-name", served_name, "model id in the API (default: general.name)");
   app.add_option("-a,--alias", aliases,
                  "another model id the API accepts and lists (repeatable); the file's name, with or without .gguf, "
@@ -154,6 +159,7 @@ int cmd_serve(int argc, char** argv) {
   }
   server::ServerConfig scfg;
   scfg.api_keys = api_keys;
+  scfg.reasoning_format = reasoning_format;
   scfg.shared_prefix_cache = shared_prefix_cache;
   scfg.engine_control = engine_control;
   scfg.model_name = served_name;

@@ -1,6 +1,7 @@
 #include "server/openai_server.h"
 
 #include "server/batch_api.h"
+#include "server/output_parser.h"
 
 #include <chrono>
 #include <cmath>
@@ -83,6 +84,8 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     int64_t completion_tokens = 0;
     size_t streamed = 0;  // bytes of `text` already sent (tool mode holds a possible call back)
     std::optional<json> tool_call;  // the OpenAI tool_calls entry when the output is a call
+    std::optional<ReasoningSplitter> think;  // chat with a reasoning model: splits <think> off
+    std::string reasoning;                   // what went to reasoning_content
     std::optional<double> beam_score;  // beam search: the hypothesis' score
   };
 
@@ -166,7 +169,20 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     Choice& c = choices[ci];
     json lp = nullptr;
     if (req.logprobs && !ev.logprobs.empty()) lp = add_logprobs(c, ev);
-    c.text += ev.text;
+    std::string think_delta;
+    if (c.think) {
+      ReasoningDelta d = c.think->feed(ev.text);
+      if (ev.finish != FinishReason::none) {
+        ReasoningDelta f = c.think->finish();
+        d.reasoning += f.reasoning;
+        d.content += f.content;
+      }
+      think_delta = std::move(d.reasoning);
+      c.reasoning += think_delta;
+      c.text += d.content;
+    } else {
+      c.text += ev.text;
+    }
     c.completion_tokens += (int64_t)ev.tokens.size();
     if (ev.search_score) c.beam_score = *ev.search_score;
     obs->on_event(stream_idx, ci, ev);
@@ -202,6 +218,11 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
           c.streamed = c.text.size();
         }
         if (!text.empty() || (delta.contains("role") && !call)) delta["content"] = text;
+        if (!think_delta.empty()) {
+          // Clients read one or the other (DeepSeek / vLLM vs OpenRouter / llama.cpp).
+          delta["reasoning_content"] = think_delta;
+          delta["reasoning"] = think_delta;
+        }
         choice["delta"] = delta;
       } else {
         choice["text"] = ev.text;
@@ -253,6 +274,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
         json ch_json = {{"index", i}};
         if (req.chat) {
           ch_json["message"] = {{"role", "assistant"}, {"content", c.text}};
+          if (c.think && !c.reasoning.empty()) {
+            ch_json["message"]["reasoning_content"] = c.reasoning;
+            ch_json["message"]["reasoning"] = c.reasoning;
+          }
           if (c.tool_call) {
             ch_json["message"]["content"] = nullptr;
             ch_json["message"]["tool_calls"] = json::array({*c.tool_call});
@@ -317,6 +342,10 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
     if (!t.ok()) return t.status().with_context("chat template");
     s->chat_template_ = std::move(t.value());
   }
+  const std::string& rf = s->cfg_.reasoning_format;
+  if (rf != "auto" && rf != "none" && rf != "deepseek")
+    return invalid_argument("reasoning format: expected auto, none or deepseek, got '" + rf + "'");
+  s->reasoning_ = rf == "deepseek" || (rf == "auto" && s->chat_template_ && template_reasons(s->chat_template_->source()));
   s->parse_ctx_.tok = &engine.tokenizer();
   s->parse_ctx_.chat_template = s->chat_template_ ? &*s->chat_template_ : nullptr;
   s->parse_ctx_.model_name = s->cfg_.model_name;
@@ -593,6 +622,9 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
   job->reserved_tokens = need;
   job->prompt_tokens = prompt_total;
   job->choices.resize(r.prompts.size() * (size_t)r.n);
+  if (r.chat && reasoning_)
+    for (size_t i = 0; i < job->choices.size(); ++i)
+      job->choices[i].think.emplace(prompt_opens_reasoning(r.prompt_texts[i / (size_t)r.n]));
   if (cfg_.request_timeout_s > 0)
     job->deadline = clock_type::now() + std::chrono::milliseconds((int64_t)(cfg_.request_timeout_s * 1000));
   job->req = std::move(r);

@@ -38,6 +38,9 @@ struct ServerConfig {
                                              // first `listed_aliases` are listed under /v1/models too
   size_t listed_aliases = 0;
   std::optional<std::string> chat_template;  // from --chat-template (overrides the model's)
+  // --reasoning-format: "auto" (split <think> blocks off when the template
+  // shows the model reasons), "deepseek" (always), "none" (raw text).
+  std::string reasoning_format = "auto";
   size_t max_inflight_requests = 256;        // accepted and not finished; past it: 429
   int64_t max_inflight_tokens = 1 << 20;     // sum of (prompt + max new tokens) x n in flight; past it: 429
   double request_timeout_s = 0;              // per-request deadline; 0 = none
@@ -104,6 +107,7 @@ class OpenAiServer {
   Engine& engine_;
   ServerConfig cfg_;
   std::optional<ChatTemplate> chat_template_;
+  bool reasoning_ = false;  // chat outputs have <think> blocks split off (reasoning_format)
   GrammarCache grammar_cache_;
   ParseContext parse_ctx_;
   std::atomic<bool> draining_{false};
