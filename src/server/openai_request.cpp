@@ -246,10 +246,13 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
   if (rd.err) return *rd.err;
   {
     static GrammarCache default_cache;
-    auto so = parse_structured_output(j, chat, ctx.grammar_cache ? *ctx.grammar_cache : default_cache);
+    auto so = parse_structured_output(j, chat, ctx.grammar_cache ? *ctx.grammar_cache : default_cache,
+                                      ctx.tool_format);
     if (auto* e = std::get_if<ApiError>(&so)) return *e;
     p.grammar = std::get<StructuredOutput>(so).grammar;
     r.tools = std::get<StructuredOutput>(so).tools;
+    r.tool_format = std::get<StructuredOutput>(so).tool_format;
+    r.tool_names = std::get<StructuredOutput>(so).tool_names;
   }
   // The sampler computes the chosen token's logprob always; top-n only when asked.
   p.logprobs = r.logprobs ? std::max<int32_t>(r.top_logprobs, 1) : 0;

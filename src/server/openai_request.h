@@ -40,6 +40,8 @@ struct ParsedRequest {
   int32_t top_logprobs = 0;
   int32_t priority = 0;
   ToolMode tools = ToolMode::off;  // how to read the output (structured_output.h)
+  ToolCallFormat tool_format = ToolCallFormat::none;  // with tools: calls in this native format (none: generic JSON)
+  std::set<std::string> tool_names;                   // the declared functions
 };
 
 struct ParseContext {
@@ -51,6 +53,7 @@ struct ParseContext {
   int64_t max_model_len = 0;
   ApiLimits limits;
   GrammarCache* grammar_cache = nullptr;  // compiled grammars; null: a process-wide default
+  ToolCallFormat tool_format = ToolCallFormat::none;  // the chat template's native tool-call format
 };
 
 // Maximum nesting depth of a JSON text (brackets outside strings), computed

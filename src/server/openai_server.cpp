@@ -86,6 +86,9 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     std::optional<json> tool_call;  // the OpenAI tool_calls entry when the output is a call
     std::optional<ReasoningSplitter> think;  // chat with a reasoning model: splits <think> off
     std::string reasoning;                   // what went to reasoning_content
+    std::optional<ToolCallStreamer> native;  // tools in the template's own format: the streamed calls
+    std::vector<std::string> call_ids;       // one per call streamed
+    std::optional<ParsedOutput> parsed;      // native format, at the end: content and calls
     std::optional<double> beam_score;  // beam search: the hypothesis' score
   };
 
@@ -170,6 +173,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     json lp = nullptr;
     if (req.logprobs && !ev.logprobs.empty()) lp = add_logprobs(c, ev);
     std::string think_delta;
+    const size_t text_before = c.text.size();
     if (c.think) {
       ReasoningDelta d = c.think->feed(ev.text);
       if (ev.finish != FinishReason::none) {
@@ -188,7 +192,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     obs->on_event(stream_idx, ci, ev);
     if (ev.finish != FinishReason::none) {
       c.finish = finish_reason_name(ev.finish);
-      if (req.tools != ToolMode::off && ev.finish == FinishReason::stop) {
+      if (req.tools != ToolMode::off && req.tool_format != ToolCallFormat::none) {
+        c.parsed = parse_tool_calls(req.tool_format, c.text, req.tool_names);
+        if (!c.parsed->calls.empty() && ev.finish == FinishReason::stop) c.finish = "tool_calls";
+      } else if (req.tools != ToolMode::off && ev.finish == FinishReason::stop) {
         c.tool_call = parse_tool_call(c.text, random_id("call"));
         if (c.tool_call) c.finish = "tool_calls";
       }
@@ -203,8 +210,33 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
           delta["role"] = "assistant";
           c.role_sent = true;
         }
+        if (c.native) {
+          // The template's own call format: text as it settles, calls as
+          // their name and then argument deltas.
+          ToolCallDelta td = c.native->feed(std::string_view(c.text).substr(text_before));
+          if (ev.finish != FinishReason::none) {
+            ToolCallDelta f = c.native->finish();
+            td.content += f.content;
+            td.calls.insert(td.calls.end(), f.calls.begin(), f.calls.end());
+          }
+          if (!td.content.empty() || delta.contains("role")) delta["content"] = td.content;
+          json tcs = json::array();
+          for (const auto& k : td.calls) {
+            json e = {{"index", k.index}};
+            if (!k.name.empty()) {
+              c.call_ids.push_back(random_id("call"));
+              e["id"] = c.call_ids.back();
+              e["type"] = "function";
+              e["function"] = {{"name", k.name}, {"arguments", k.arguments}};
+            } else {
+              e["function"] = {{"arguments", k.arguments}};
+            }
+            tcs.push_back(std::move(e));
+          }
+          if (!tcs.empty()) delta["tool_calls"] = std::move(tcs);
+        }
         // With tools, text that may be a call is held back until it is complete.
-        const bool hold = req.tools == ToolMode::required ||
+        const bool hold = c.native.has_value() || req.tools == ToolMode::required ||
                           (req.tools == ToolMode::optional && (c.text.empty() || c.text[0] == '{'));
         std::string text;
         const bool call = ev.finish != FinishReason::none && c.tool_call;
@@ -213,11 +245,11 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
           tc["index"] = 0;
           delta["tool_calls"] = json::array({tc});
           c.streamed = c.text.size();
-        } else if (!hold || ev.finish != FinishReason::none) {
+        } else if (!c.native && (!hold || ev.finish != FinishReason::none)) {
           text = c.text.substr(c.streamed);
           c.streamed = c.text.size();
         }
-        if (!text.empty() || (delta.contains("role") && !call)) delta["content"] = text;
+        if (!c.native && (!text.empty() || (delta.contains("role") && !call))) delta["content"] = text;
         if (!think_delta.empty()) {
           // Clients read one or the other (DeepSeek / vLLM vs OpenRouter / llama.cpp).
           delta["reasoning_content"] = think_delta;
@@ -281,6 +313,14 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
           if (c.tool_call) {
             ch_json["message"]["content"] = nullptr;
             ch_json["message"]["tool_calls"] = json::array({*c.tool_call});
+          }
+          if (c.parsed && !c.parsed->calls.empty()) {
+            json tcs = json::array();
+            for (const ToolCall& k : c.parsed->calls)
+              tcs.push_back({{"id", random_id("call")}, {"type", "function"},
+                             {"function", {{"name", k.name}, {"arguments", k.arguments}}}});
+            ch_json["message"]["content"] = c.parsed->content.empty() ? json(nullptr) : json(c.parsed->content);
+            ch_json["message"]["tool_calls"] = std::move(tcs);
           }
           ch_json["logprobs"] = req.logprobs ? json{{"content", c.logprobs_content}} : json(nullptr);
         } else {
@@ -346,6 +386,10 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   if (rf != "auto" && rf != "none" && rf != "deepseek")
     return invalid_argument("reasoning format: expected auto, none or deepseek, got '" + rf + "'");
   s->reasoning_ = rf == "deepseek" || (rf == "auto" && s->chat_template_ && template_reasons(s->chat_template_->source()));
+  if (s->chat_template_) {
+    const ToolCallFormat f = detect_tool_call_format(s->chat_template_->source());
+    if (tool_format_constrainable(f)) s->parse_ctx_.tool_format = f;
+  }
   s->parse_ctx_.tok = &engine.tokenizer();
   s->parse_ctx_.chat_template = s->chat_template_ ? &*s->chat_template_ : nullptr;
   s->parse_ctx_.model_name = s->cfg_.model_name;
@@ -625,6 +669,8 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
   if (r.chat && reasoning_)
     for (size_t i = 0; i < job->choices.size(); ++i)
       job->choices[i].think.emplace(prompt_opens_reasoning(r.prompt_texts[i / (size_t)r.n]));
+  if (r.chat && r.tools != ToolMode::off && r.tool_format != ToolCallFormat::none && r.stream)
+    for (auto& c : job->choices) c.native.emplace(r.tool_format, r.tool_names);
   if (cfg_.request_timeout_s > 0)
     job->deadline = clock_type::now() + std::chrono::milliseconds((int64_t)(cfg_.request_timeout_s * 1000));
   job->req = std::move(r);

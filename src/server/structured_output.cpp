@@ -1,5 +1,6 @@
 #include "server/structured_output.h"
 
+#include <cstdio>
 #include <variant>
 
 namespace serval::server {
@@ -15,9 +16,11 @@ ApiError grammar_error(const Status& st, const std::string& param) {
   return bad_request(param + ": " + st.message(), param, "invalid_grammar");
 }
 
-// Tool calls as one JSON Schema: anyOf {"name": const, "arguments": parameters}.
-// Each tool's $defs / definitions move to the root so its local refs resolve.
-std::variant<json, ApiError> tools_schema(const json& tools, const std::string& only) {
+// Tool calls as one JSON Schema: anyOf {"name": const, "arguments": parameters}
+// (the keys as the call format names them). Each tool's $defs / definitions
+// move to the root so its local refs resolve.
+std::variant<json, ApiError> tools_schema(const json& tools, const std::string& only, const char* name_key = "name",
+                                          const char* args_key = "arguments") {
   json any = json::array();
   json defs = json::object();
   for (const json& t : tools) {
@@ -39,8 +42,8 @@ std::variant<json, ApiError> tools_schema(const json& tools, const std::string& 
       params.erase(key);
     }
     any.push_back({{"type", "object"},
-                   {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
-                   {"required", {"name", "arguments"}}});
+                   {"properties", {{name_key, {{"const", name}}}, {args_key, params}}},
+                   {"required", {name_key, args_key}}});
   }
   if (any.empty()) return bad_request("tool_choice: no tool named '" + only + "' in tools", "tool_choice");
   json schema = {{"anyOf", any}};
@@ -50,6 +53,42 @@ std::variant<json, ApiError> tools_schema(const json& tools, const std::string& 
   }
   return schema;
 }
+
+struct NativeWrap {
+  const char* prefix;
+  const char* suffix;
+  const char* name_key;
+  const char* args_key;
+};
+
+std::optional<NativeWrap> native_wrap(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::hermes: return NativeWrap{"<tool_call>\n", "\n</tool_call>", "name", "arguments"};
+    case ToolCallFormat::llama3_json: return NativeWrap{"", "", "name", "parameters"};
+    case ToolCallFormat::mistral: return NativeWrap{"[TOOL_CALLS][", "]", "name", "arguments"};
+    case ToolCallFormat::firefunction: return NativeWrap{" functools[", "]", "name", "arguments"};
+    case ToolCallFormat::command_r7b: return NativeWrap{"<|START_ACTION|>[", "]<|END_ACTION|>", "tool_name", "parameters"};
+    case ToolCallFormat::command_r: return NativeWrap{"Action: ```json\n[", "]\n```", "tool_name", "parameters"};
+    default: return std::nullopt;
+  }
+}
+
+// GBNF for any text that does not start with `p` (the empty text included).
+std::string not_starting_with(const std::string& p) {
+  std::string e;
+  for (size_t k = p.size(); k-- > 0;) {
+    char cls[16];
+    std::snprintf(cls, sizeof cls, "[^\\x%02X]", (unsigned char)p[k]);
+    e = "(\"\" | " + std::string(cls) + " .*" + (k + 1 < p.size() ? " | " + gbnf_literal(p.substr(k, 1)) + " " + e : "") + ")";
+  }
+  return e;
+}
+
+}  // namespace
+
+bool tool_format_constrainable(ToolCallFormat f) { return native_wrap(f).has_value(); }
+
+namespace {
 
 // obj[key] when it is a string, else "" (json::value(key, "") throws when the
 // member exists with another type).
@@ -73,7 +112,8 @@ std::optional<ApiError> check_tools(const json& tools) {
 
 }  // namespace
 
-std::variant<StructuredOutput, ApiError> parse_structured_output(const json& body, bool chat, GrammarCache& cache) {
+std::variant<StructuredOutput, ApiError> parse_structured_output(const json& body, bool chat, GrammarCache& cache,
+                                                                 ToolCallFormat native) {
   StructuredOutput out;
   auto get = [&](const char* key) -> const json* {
     auto it = body.find(key);
@@ -162,11 +202,31 @@ std::variant<StructuredOutput, ApiError> parse_structured_output(const json& bod
       }
     }
     if (mode != "none") {
-      auto schema = tools_schema(*tools, only);
+      const std::optional<NativeWrap> wrap = native_wrap(native);
+      auto schema = wrap ? tools_schema(*tools, only, wrap->name_key, wrap->args_key) : tools_schema(*tools, only);
       if (auto* e = std::get_if<ApiError>(&schema)) return *e;
       const std::string text = std::get<json>(schema).dump();
       const bool optional = mode == "auto";
       out.tools = optional ? ToolMode::optional : ToolMode::required;
+      for (const json& t : *tools) out.tool_names.insert(t["function"]["name"].get<std::string>());
+      if (wrap) {
+        out.tool_format = native;
+        const NativeWrap w = *wrap;
+        sources.push_back({"tools", std::string("tools\0", 6) + mode + '\0' + tool_call_format_name(native) + '\0' + text,
+                           [text, optional, w]() -> Expected<GrammarPtr> {
+                             auto g = json_schema_to_gbnf(text);
+                             if (!g.ok()) return g.status();
+                             // The call in the template's own format; with "auto", or text
+                             // that does not start like one.
+                             const std::string call = (*w.prefix ? gbnf_literal(w.prefix) + " " : std::string()) +
+                                                      "tool-json" + (*w.suffix ? " " + gbnf_literal(w.suffix) : std::string());
+                             const std::string first = *w.prefix ? std::string(w.prefix) : std::string("{");
+                             std::string src = optional ? "root ::= tool-call | auto-text\nauto-text ::= " +
+                                                              not_starting_with(first) + "\ntool-call ::= " + call + "\n"
+                                                        : "root ::= " + call + "\n";
+                             return compile_gbnf(src + "tool-json" + g->substr(4));
+                           }});
+      } else {
       sources.push_back({"tools", std::string("tools\0", 6) + mode + '\0' + text, [text, optional]() -> Expected<GrammarPtr> {
                            if (!optional) return compile_json_schema(text);
                            auto g = json_schema_to_gbnf(text);
@@ -176,6 +236,7 @@ std::variant<StructuredOutput, ApiError> parse_structured_output(const json& bod
                                              g->substr(4);
                            return compile_gbnf(src);
                          }});
+      }
     }
   } else if (get("tool_choice")) {
     const json* tc = get("tool_choice");

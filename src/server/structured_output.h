@@ -20,6 +20,7 @@
 
 #include "sampler/grammar/grammar_cache.h"
 #include "server/api_error.h"
+#include "server/output_parser.h"
 #include "serval/sampling_params.h"
 
 namespace serval::server {
@@ -33,12 +34,24 @@ enum class ToolMode {
 struct StructuredOutput {
   std::shared_ptr<const CompiledGrammar> grammar;  // null: unconstrained
   ToolMode tools = ToolMode::off;
+  // With tools: the model's native call format the grammar produces (none:
+  // the generic {"name", "arguments"} object) and the declared names.
+  ToolCallFormat tool_format = ToolCallFormat::none;
+  std::set<std::string> tool_names;
 };
 
+// The native formats the tool grammar can produce: calls as JSON objects,
+// alone or in a list, between fixed markers (hermes, llama3_json, mistral,
+// firefunction, command_r, command_r7b). Others fall back to the generic form.
+bool tool_format_constrainable(ToolCallFormat f);
+
 // Reads the structured-output fields of a request body. `chat`: tools are
-// only accepted on /v1/chat/completions.
+// only accepted on /v1/chat/completions. `native`: the chat template's
+// tool-call format (detect_tool_call_format); constrained calls are written
+// in it when tool_format_constrainable().
 std::variant<StructuredOutput, ApiError> parse_structured_output(const nlohmann::ordered_json& body, bool chat,
-                                                                 GrammarCache& cache);
+                                                                 GrammarCache& cache,
+                                                                 ToolCallFormat native = ToolCallFormat::none);
 
 // If `text` is a tool call as the tool grammar produces it
 // ({"name": ..., "arguments": {...}}), the OpenAI tool_calls entry:

@@ -2,6 +2,7 @@
 // Output JSON is compact: one optional space after , : { [ and values.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "sampler/grammar/grammar_internal.h"
 #include "sampler/grammar/json_schema_internal.h"
@@ -55,11 +56,12 @@ std::string same_len(const std::string& x, const std::string& y) {
 // Non-negative a <= b.
 std::string nonneg_range(int64_t a, int64_t b) {
   std::vector<std::string> alts;
-  int64_t p = 1;
-  for (int d = 1; d <= 18 && a <= b; ++d, p *= 10) {
+  int64_t p = 1;  // 10^(d-1); up to 17 digits (callers stay within +-10^15)
+  for (int d = 1; d <= 17; ++d) {
     const int64_t len_lo = d == 1 ? 0 : p, len_hi = p * 10 - 1;
     const int64_t x = std::max(a, len_lo), y = std::min(b, len_hi);
     if (x <= y) alts.push_back(same_len(std::to_string(x), std::to_string(y)));
+    if (d < 17) p *= 10;
   }
   std::string out;
   for (const auto& s : alts) out += (out.empty() ? "" : " | ") + s;
@@ -301,11 +303,12 @@ std::string Compiler::gen_arr(const ArrPart& in, const std::string& hint) {
     for (const auto& e : p.excl) longest = std::max(longest, e.size());
     lo = std::max<uint32_t>(lo, (uint32_t)longest + 1);
   }
-  uint32_t assigned = 0;
+  uint64_t assigned64 = 0;
   for (const Contains& c : p.contains) {
     if (c.min > c.max) return "";
-    assigned += c.min;
+    assigned64 += c.min;
   }
+  const uint32_t assigned = (uint32_t)std::min<uint64_t>(assigned64, kUnbounded - 1);
   lo = std::max(lo, assigned);
   if (lo > hi) return "";
   if (lo > lim_.max_repetition) {
@@ -451,9 +454,16 @@ std::string Compiler::gen_obj(const ObjPart& p, const std::string& hint) {
   if (failed()) return "";
   if (n_required > p.max_props) return "";
   // Undeclared keys: longer than every declared one, so never one of them.
+  // They are generated only where additionalProperties / unevaluatedProperties
+  // asks for them explicitly, in free-form objects (no declared keys), or
+  // where minProperties cannot be met otherwise: a schema that declares
+  // properties and merely allows others gets its declared keys (as OpenAI's
+  // structured outputs and llama.cpp do).
   Term other;
-  for (const ObjLayer& L : p.layers) other = term_and(other, L.other);
+  bool explicit_other = false;
+  for (const ObjLayer& L : p.layers) other = term_and(other, L.other), explicit_other = explicit_other || L.has_other;
   bool extras = !patterns && names.any() && p.max_props == kUnbounded && !term_empty(other);
+  const bool extras_on_request = extras && (explicit_other || keys.empty());  // keys.empty(): a free-form object
   size_t longest = 0;
   for (const auto& k : keys) longest = std::max(longest, k.size());
   // Property counts: optional keys are capped (maxProperties) or promoted (minProperties).
@@ -478,6 +488,7 @@ std::string Compiler::gen_obj(const ObjPart& p, const std::string& hint) {
     }
     min_extras = (uint32_t)need;
   }
+  if (!extras_on_request && min_extras == 0) extras = false;
   std::string extra;
   if (extras) {
     primitive("char");
