@@ -60,7 +60,9 @@ ReasoningDelta ReasoningSplitter::feed(std::string_view text) {
     // No (usable) tag: release all but a possible tag prefix at the end.
     const bool can_open = !inside_ && !seen_content_;
     const size_t keep = inside_ || can_open ? partial_suffix(held_, tag) : 0;
-    const size_t keep_space = can_open && only_space(held_) ? held_.size() : keep;  // leading space before <think>
+    // Leading space before a (possibly partial) <think> is held with it.
+    const size_t keep_space =
+        can_open && only_space(std::string_view(held_).substr(0, held_.size() - keep)) ? held_.size() : keep;
     const std::string ready = held_.substr(0, held_.size() - keep_space);
     if (inside_) out.reasoning += ready;
     else {

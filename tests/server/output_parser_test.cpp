@@ -39,6 +39,7 @@ TEST(Reasoning, SplitsThinkBlocks) {
       {"<think>cut off by max_tokens", false, "cut off by max_tokens", ""},
       {"<thin", false, "", "<thin"},  // an unfinished tag at the very end is text
       {"<think></think>Done", false, "", "Done"},
+      {"        <think>k</think>A", false, "k", "A"},  // a fuzz finding: spaces, then the tag in pieces
   };
   for (const Case& c : cases) {
     const ReasoningDelta r = split_reasoning(c.text, c.starts_inside);
@@ -48,24 +49,27 @@ TEST(Reasoning, SplitsThinkBlocks) {
 }
 
 TEST(Reasoning, StreamingDeltasReassemble) {
-  const std::string text = "<think>\nLet me add 2 and 2.\n</think>\n\nIt is 4. <think> stays text";
-  const ReasoningDelta whole = split_reasoning(text);
-  std::mt19937 rng(3);
-  for (int trial = 0; trial < 200; ++trial) {
-    ReasoningSplitter s;
-    std::string r, c;
-    size_t i = 0;
-    while (i < text.size()) {
-      const size_t n = 1 + rng() % 6;
-      ReasoningDelta d = s.feed(std::string_view(text).substr(i, n));
-      EXPECT_EQ(d.reasoning.find("</think"), std::string::npos);
+  const std::string texts[] = {"<think>\nLet me add 2 and 2.\n</think>\n\nIt is 4. <think> stays text",
+                               "   <think>x</think>\n y"};
+  for (const std::string& text : texts) {
+    const ReasoningDelta whole = split_reasoning(text);
+    std::mt19937 rng(3);
+    for (int trial = 0; trial < 200; ++trial) {
+      ReasoningSplitter s;
+      std::string r, c;
+      size_t i = 0;
+      while (i < text.size()) {
+        const size_t n = 1 + rng() % 6;
+        ReasoningDelta d = s.feed(std::string_view(text).substr(i, n));
+        EXPECT_EQ(d.reasoning.find("</think"), std::string::npos);
+        r += d.reasoning, c += d.content;
+        i += n;
+      }
+      ReasoningDelta d = s.finish();
       r += d.reasoning, c += d.content;
-      i += n;
+      ASSERT_EQ(r, whole.reasoning) << text;
+      ASSERT_EQ(c, whole.content) << text;
     }
-    ReasoningDelta d = s.finish();
-    r += d.reasoning, c += d.content;
-    ASSERT_EQ(r, whole.reasoning);
-    ASSERT_EQ(c, whole.content);
   }
 }
 
