@@ -233,6 +233,6 @@ class Compiler {
 };
 
 // Integer / number grammars (json_schema_gen.cpp), exposed for tests.
-std::string int_range_gbnf(int64_t lo, int64_t hi);  // lo <= hi; decimal without leading zeros
+std::string int_range_gbnf(int64_t lo, int64_t hi);  // |lo|, |hi| < 10^17; decimal without leading zeros
 
 }  // namespace serval::json_schema

@@ -178,6 +178,22 @@ void append_parts(std::vector<P>& a, const std::vector<P>& b, bool& truncated) {
 
 Atom flip(Atom a) { return {a.node, !a.neg}; }
 
+// The complement of a count bound [lo, hi] (lengths, items, properties):
+// fewer than lo, or more than hi.
+template <class P>
+void count_complement(std::vector<P>& c, uint32_t lo, uint32_t hi, uint32_t P::*min_m, uint32_t P::*max_m) {
+  if (lo > 0) {
+    P x;
+    x.*max_m = lo - 1;
+    c.push_back(x);
+  }
+  if (hi != kUnbounded) {
+    P x;
+    x.*min_m = hi + 1;
+    c.push_back(x);
+  }
+}
+
 Term any_term() { return Term{}; }
 
 }  // namespace
@@ -274,32 +290,14 @@ Set Compiler::complement(const Set& s, const char* kw) {
   }
   for (const StrPart& p : s.strs) {
     std::vector<StrPart> c;
-    if (p.min_len > 0) {
-      StrPart x;
-      x.max_len = p.min_len - 1;
-      c.push_back(x);
-    }
-    if (p.max_len != kUnbounded) {
-      StrPart x;
-      x.min_len = p.max_len + 1;
-      c.push_back(x);
-    }
+    count_complement(c, p.min_len, p.max_len, &StrPart::min_len, &StrPart::max_len);
     if (!p.patterns.empty()) lost |= kStr;
     for (const auto& e : p.excl) candidates.push_back(json(e));
     r.strs = product(r.strs, c, merge_str, trunc);
   }
   for (const ArrPart& p : s.arrs) {
     std::vector<ArrPart> c;
-    if (p.min_items > 0) {
-      ArrPart x;
-      x.max_items = p.min_items - 1;
-      c.push_back(x);
-    }
-    if (p.max_items != kUnbounded) {
-      ArrPart x;
-      x.min_items = p.max_items + 1;
-      c.push_back(x);
-    }
+    count_complement(c, p.min_items, p.max_items, &ArrPart::min_items, &ArrPart::max_items);
     for (const ArrLayer& L : p.layers) {
       for (size_t i = 0; i < L.prefix.size(); ++i)
         for (const Atom& a : L.prefix[i].atoms) {
@@ -345,16 +343,7 @@ Set Compiler::complement(const Set& s, const char* kw) {
   }
   for (const ObjPart& p : s.objs) {
     std::vector<ObjPart> c;
-    if (p.min_props > 0) {
-      ObjPart x;
-      x.max_props = p.min_props - 1;
-      c.push_back(x);
-    }
-    if (p.max_props != kUnbounded) {
-      ObjPart x;
-      x.min_props = p.max_props + 1;
-      c.push_back(x);
-    }
+    count_complement(c, p.min_props, p.max_props, &ObjPart::min_props, &ObjPart::max_props);
     for (const auto& k : p.required) {
       ObjPart x;
       ObjLayer nl;

@@ -174,11 +174,10 @@ class RegexParser {
     }
   }
 
-  // [...] in json_string mode: the set as ranges, then json_class().
-  std::string char_class_json() {  // after '['
-    bool neg = false;
+  // [...] after the '[': the set as sorted ranges and whether it is negated.
+  bool parse_class(Ranges& r, bool& neg) {
+    neg = false;
     if (peek() == '^') neg = true, ++pos_;
-    Ranges r;
     bool first = true;
     while (!eof() && (peek() != ']' || first)) {
       first = false;
@@ -188,15 +187,15 @@ class RegexParser {
         const char e = peek();
         std::string cls;
         bool sneg = false;
-        if (!escape(lo, cls, sneg)) return {};
+        if (!escape(lo, cls, sneg)) return false;
         if (!cls.empty()) {
-          if (sneg) return fail("negated shorthand (\\D \\W \\S) inside [...] is not supported"), std::string();
+          if (sneg) return fail("negated shorthand (\\D \\W \\S) inside [...] is not supported"), false;
           const Ranges sh = shorthand(e);
           r.insert(r.end(), sh.begin(), sh.end());
           continue;
         }
       } else if (!decode(lo)) {
-        return {};
+        return false;
       }
       uint32_t hi = lo;
       if (peek() == '-' && pos_ + 1 < s_.size() && s_[pos_ + 1] != ']') {
@@ -205,59 +204,28 @@ class RegexParser {
         bool sneg = false;
         if (peek() == '\\') {
           ++pos_;
-          if (!escape(hi, cls, sneg)) return {};
-          if (!cls.empty()) return fail("a class shorthand cannot end a range"), std::string();
+          if (!escape(hi, cls, sneg)) return false;
+          if (!cls.empty()) return fail("a class shorthand cannot end a range"), false;
         } else if (!decode(hi)) {
-          return {};
+          return false;
         }
-        if (hi < lo) return fail("reversed range in [...]"), std::string();
+        if (hi < lo) return fail("reversed range in [...]"), false;
       }
       r.push_back({lo, hi});
     }
-    if (eof()) return fail("unterminated [...]"), std::string();
+    if (eof()) return fail("unterminated [...]"), false;
     ++pos_;
     r = normalize(r);
-    return json_class(neg ? invert(r) : r);
+    return true;
   }
 
   std::string char_class() {  // after '['
-    if (json_) return char_class_json();
-    std::string out = "[";
-    if (peek() == '^') out += '^', ++pos_;
-    bool first = true;
-    while (!eof() && (peek() != ']' || first)) {
-      first = false;
-      uint32_t lo;
-      std::string cls;
-      bool neg = false;
-      if (peek() == '\\') {
-        ++pos_;
-        if (!escape(lo, cls, neg)) return {};
-        if (!cls.empty()) {
-          if (neg) return fail("negated shorthand (\\D \\W \\S) inside [...] is not supported"), std::string();
-          out += cls;
-          continue;
-        }
-      } else if (!decode(lo)) {
-        return {};
-      }
-      out += class_char(lo);
-      if (peek() == '-' && pos_ + 1 < s_.size() && s_[pos_ + 1] != ']') {
-        ++pos_;
-        uint32_t hi;
-        if (peek() == '\\') {
-          ++pos_;
-          if (!escape(hi, cls, neg)) return {};
-          if (!cls.empty()) return fail("a class shorthand cannot end a range"), std::string();
-        } else if (!decode(hi)) {
-          return {};
-        }
-        if (hi < lo) return fail("reversed range in [...]"), std::string();
-        out += "-" + class_char(hi);
-      }
-    }
-    if (eof()) return fail("unterminated [...]"), std::string();
-    ++pos_;
+    Ranges r;
+    bool neg = false;
+    if (!parse_class(r, neg)) return {};
+    if (json_) return json_class(neg ? invert(r) : r);
+    std::string out = neg ? "[^" : "[";
+    for (auto [lo, hi] : r) out += class_char(lo) + (hi > lo ? "-" + class_char(hi) : std::string());
     return out + "]";
   }
 
