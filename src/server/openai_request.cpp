@@ -253,6 +253,7 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
     r.tools = std::get<StructuredOutput>(so).tools;
     r.tool_format = std::get<StructuredOutput>(so).tool_format;
     r.tool_names = std::get<StructuredOutput>(so).tool_names;
+    r.constraint = std::get<StructuredOutput>(so).source;
   }
   // The sampler computes the chosen token's logprob always; top-n only when asked.
   p.logprobs = r.logprobs ? std::max<int32_t>(r.top_logprobs, 1) : 0;

@@ -42,6 +42,7 @@ struct ParsedRequest {
   ToolMode tools = ToolMode::off;  // how to read the output (structured_output.h)
   ToolCallFormat tool_format = ToolCallFormat::none;  // with tools: calls in this native format (none: generic JSON)
   std::set<std::string> tool_names;                   // the declared functions
+  std::string constraint;                             // the field that constrains the output ("" if none)
 };
 
 struct ParseContext {

@@ -666,7 +666,11 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
   job->reserved_tokens = need;
   job->prompt_tokens = prompt_total;
   job->choices.resize(r.prompts.size() * (size_t)r.n);
-  if (r.chat && reasoning_)
+  // Output constrained to JSON or a tool call cannot think first: reasoning
+  // is split off where the model writes freely or under a user's own
+  // grammar / regex / choice (which may well spell out the <think> block).
+  const bool json_only = r.constraint == "tools" || r.constraint == "response_format" || r.constraint == "guided_json";
+  if (r.chat && reasoning_ && !json_only)
     for (size_t i = 0; i < job->choices.size(); ++i)
       job->choices[i].think.emplace(prompt_opens_reasoning(r.prompt_texts[i / (size_t)r.n]));
   if (r.chat && r.tools != ToolMode::off && r.tool_format != ToolCallFormat::none && r.stream)

@@ -1,7 +1,10 @@
 #include "server/structured_output.h"
 
 #include <cstdio>
+#include <set>
+#include <sstream>
 #include <variant>
+#include <vector>
 
 namespace serval::server {
 
@@ -61,6 +64,25 @@ struct NativeWrap {
   const char* args_key;
 };
 
+// Formats that write the function name outside the JSON: one alternative per
+// tool, `before NAME after ARGS suffix`, with each tool's own argument rules.
+struct NamedWrap {
+  const char* before;
+  const char* after;
+  const char* suffix;
+  const char* first;  // how a call starts (auto: text must not)
+};
+
+std::optional<NamedWrap> named_wrap(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::functionary31: return NamedWrap{"<function=", ">", "</function>", "<function="};
+    case ToolCallFormat::deepseek_r1:
+      return NamedWrap{"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>", "\n```json\n",
+                       "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "<｜tool▁calls▁begin｜>"};
+    default: return std::nullopt;
+  }
+}
+
 std::optional<NativeWrap> native_wrap(ToolCallFormat f) {
   switch (f) {
     case ToolCallFormat::hermes: return NativeWrap{"<tool_call>\n", "\n</tool_call>", "name", "arguments"};
@@ -73,20 +95,60 @@ std::optional<NativeWrap> native_wrap(ToolCallFormat f) {
   }
 }
 
-// GBNF for any text that does not start with `p` (the empty text included).
+// GBNF for any text that does not start with `p` (the empty text included),
+// code point by code point.
 std::string not_starting_with(const std::string& p) {
+  std::vector<std::string> cps;  // p's code points as UTF-8
+  for (size_t i = 0; i < p.size();) {
+    const unsigned char b = (unsigned char)p[i];
+    const size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
+    cps.push_back(p.substr(i, n));
+    i += n;
+  }
+  auto code_point = [](const std::string& u) {
+    const unsigned char b = (unsigned char)u[0];
+    uint32_t c = u.size() == 1 ? b : u.size() == 2 ? b & 0x1F : u.size() == 3 ? b & 0x0F : b & 0x07;
+    for (size_t k = 1; k < u.size(); ++k) c = (c << 6) | ((unsigned char)u[k] & 0x3F);
+    return c;
+  };
   std::string e;
-  for (size_t k = p.size(); k-- > 0;) {
-    char cls[16];
-    std::snprintf(cls, sizeof cls, "[^\\x%02X]", (unsigned char)p[k]);
-    e = "(\"\" | " + std::string(cls) + " .*" + (k + 1 < p.size() ? " | " + gbnf_literal(p.substr(k, 1)) + " " + e : "") + ")";
+  for (size_t k = cps.size(); k-- > 0;) {
+    char cls[24];
+    std::snprintf(cls, sizeof cls, "[^\\U%08X]", code_point(cps[k]));
+    e = "(\"\" | " + std::string(cls) + " .*" + (k + 1 < cps.size() ? " | " + gbnf_literal(cps[k]) + " " + e : "") + ")";
   }
   return e;
 }
 
 }  // namespace
 
-bool tool_format_constrainable(ToolCallFormat f) { return native_wrap(f).has_value(); }
+bool tool_format_constrainable(ToolCallFormat f) { return native_wrap(f).has_value() || named_wrap(f).has_value(); }
+
+namespace {
+
+// One grammar for "NAME-outside-JSON" formats: every (selected) tool's
+// argument schema compiled under its own rule prefix, shared primitives once.
+Expected<GrammarPtr> named_tools_grammar(const std::vector<std::pair<std::string, std::string>>& tools, const NamedWrap& w,
+                                         bool optional) {
+  std::string calls, rules;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string prefix = "t" + std::to_string(i) + "-";
+    auto g = json_schema_to_gbnf_rules(tools[i].second, prefix);
+    if (!g.ok()) return g.status().with_context("tools: function '" + tools[i].first + "'");
+    std::string line;
+    std::istringstream in(*g);
+    while (std::getline(in, line))
+      if (!line.empty() && seen.insert(line).second) rules += line + "\n";
+    calls += (calls.empty() ? "" : " | ") + gbnf_literal(std::string(w.before) + tools[i].first + w.after) + " " +
+             prefix + "root " + gbnf_literal(w.suffix);
+  }
+  std::string src = optional ? "root ::= tool-call | auto-text\nauto-text ::= " + not_starting_with(w.first) + "\n"
+                             : "root ::= tool-call\n";
+  return compile_gbnf(src + "tool-call ::= " + calls + "\n" + rules);
+}
+
+}  // namespace
 
 namespace {
 
@@ -201,7 +263,29 @@ std::variant<StructuredOutput, ApiError> parse_structured_output(const json& bod
                            "tool_choice");
       }
     }
-    if (mode != "none") {
+    if (mode != "none" && named_wrap(native)) {
+      // The name outside the JSON: per-tool argument grammars.
+      out.tools = mode == "auto" ? ToolMode::optional : ToolMode::required;
+      out.tool_format = native;
+      std::vector<std::pair<std::string, std::string>> selected;
+      for (const json& t : *tools) {
+        const json& fn = t["function"];
+        const std::string name = fn["name"].get<std::string>();
+        out.tool_names.insert(name);
+        if (!only.empty() && name != only) continue;
+        json params = fn.contains("parameters") && !fn["parameters"].is_null()
+                          ? fn["parameters"]
+                          : json{{"type", "object"}, {"properties", json::object()}};
+        if (!params.is_object()) return bad_request("tools: function '" + name + "': parameters must be an object", "tools");
+        selected.push_back({name, params.dump()});
+      }
+      if (selected.empty()) return bad_request("tool_choice: no tool named '" + only + "' in tools", "tool_choice");
+      std::string key = std::string("named-tools\0", 12) + mode + '\0' + tool_call_format_name(native);
+      for (const auto& [n, p] : selected) key += '\0' + n + '\0' + p;
+      const NamedWrap w = *named_wrap(native);
+      const bool optional = mode == "auto";
+      sources.push_back({"tools", key, [selected, w, optional] { return named_tools_grammar(selected, w, optional); }});
+    } else if (mode != "none") {
       const std::optional<NativeWrap> wrap = native_wrap(native);
       auto schema = wrap ? tools_schema(*tools, only, wrap->name_key, wrap->args_key) : tools_schema(*tools, only);
       if (auto* e = std::get_if<ApiError>(&schema)) return *e;
@@ -251,6 +335,7 @@ std::variant<StructuredOutput, ApiError> parse_structured_output(const json& bod
   auto g = cache.get(sources[0].key, sources[0].compile);
   if (!g.ok()) return grammar_error(g.status(), sources[0].param);
   out.grammar = *g;
+  out.source = sources[0].param;
   return out;
 }
 

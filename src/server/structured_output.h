@@ -33,6 +33,7 @@ enum class ToolMode {
 
 struct StructuredOutput {
   std::shared_ptr<const CompiledGrammar> grammar;  // null: unconstrained
+  std::string source;                              // the field it came from (tools, response_format, grammar, ...)
   ToolMode tools = ToolMode::off;
   // With tools: the model's native call format the grammar produces (none:
   // the generic {"name", "arguments"} object) and the declared names.

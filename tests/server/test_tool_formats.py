@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tool calls in each chat template's own format: with a template from
 ../shared/chat-templates whose format the tool grammar can produce (Hermes,
-Qwen 2.5, Llama 3.x JSON, Mistral; FireFunction's template needs a
+Qwen 2.5, Llama 3.x JSON, Mistral, Functionary v3.1 and DeepSeek-R1 — the
+last two with the function name outside the JSON; FireFunction's template needs a
 `functions` variable of its own and Command-R7B's preamble alone is longer
 than stories260K's context: both are covered by the parser tables), the constrained
 output is written the way that model writes calls, the server parses it back
@@ -34,8 +35,11 @@ TEMPLATES = {
     "qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
     "llama3": "meta-llama-Llama-3.1-8B-Instruct.jinja",
     "mistral": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    "functionary31": "meetkai-functionary-medium-v3.1.jinja",
+    "deepseek_r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
 }
-RAW_MARKERS = {"hermes": "<tool_call>", "qwen": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+RAW_MARKERS = {"hermes": "<tool_call>", "qwen": "<tool_call>", "mistral": "[TOOL_CALLS]",
+               "functionary31": "<function=", "deepseek_r1": "function<"}  # (R1's markers are byte tokens here)
 
 
 class Ctx:
@@ -56,7 +60,7 @@ def setup():
 
 
 def body(**extra):
-    return dict({"messages": MSG, "tools": TOOLS, "tool_choice": "required", "max_tokens": 160,
+    return dict({"messages": MSG, "tools": TOOLS, "tool_choice": "required", "max_tokens": 400,
                  "temperature": 1.0, "seed": 7}, **extra)
 
 

@@ -90,6 +90,12 @@ Expected<GrammarPtr> compile_gbnf(std::string_view text, const GrammarLimits& li
 // the supported keywords.
 Expected<std::string> json_schema_to_gbnf(std::string_view schema_json, const GrammarLimits& limits = {});
 Expected<GrammarPtr> compile_json_schema(std::string_view schema_json, const GrammarLimits& limits = {});
+// The same rules with `<rule_prefix>root` as the start rule and every
+// schema-specific rule prefixed, for embedding several schemas in one
+// grammar; shared primitives (space, char, string, int, number, ...) keep
+// their names and identical definitions, so duplicates of them can be dropped.
+Expected<std::string> json_schema_to_gbnf_rules(std::string_view schema_json, const std::string& rule_prefix,
+                                                const GrammarLimits& limits = {});
 
 // Any JSON object (response_format json_object).
 Expected<GrammarPtr> compile_json_object(const GrammarLimits& limits = {});

@@ -195,7 +195,8 @@ const char* const kRootBase = "serval:///schema.json";
 
 }  // namespace
 
-Compiler::Compiler(const json& root, const GrammarLimits& lim) : lim_(lim), root_(root) {
+Compiler::Compiler(const json& root, const GrammarLimits& lim, std::string rule_prefix)
+    : lim_(lim), root_(root), prefix_(std::move(rule_prefix)) {
   start_ = std::chrono::steady_clock::now();
   static const json kTrue = true, kFalse = false;
   nodes_.push_back({&kTrue, kRootBase, 0});
@@ -801,7 +802,7 @@ Expected<std::string> Compiler::run() {
                               (rs.inexact ? " (the keyword cannot be compiled exactly into a grammar)" : " (unsatisfiable)"));
     return invalid_argument("json_schema: no JSON value satisfies the schema (it is the boolean schema 'false')");
   }
-  std::string out = "root ::= " + body + "\n";
+  std::string out = prefix_ + "root ::= " + body + "\n";
   for (const auto& [name, def] : rules_) out += name + " ::= " + def + "\n";
   if (out.size() > lim_.max_source_bytes)
     return Status(StatusCode::resource_exhausted, "json_schema: the grammar exceeds the size limit of " +
@@ -811,7 +812,8 @@ Expected<std::string> Compiler::run() {
 
 }  // namespace json_schema
 
-Expected<std::string> json_schema_to_gbnf(std::string_view schema_json, const GrammarLimits& limits) {
+Expected<std::string> json_schema_to_gbnf_rules(std::string_view schema_json, const std::string& rule_prefix,
+                                                const GrammarLimits& limits) {
   if (schema_json.size() > limits.max_source_bytes)
     return Status(StatusCode::resource_exhausted, "json_schema: larger than the limit of " +
                                                       std::to_string(limits.max_source_bytes) + " bytes");
@@ -822,7 +824,11 @@ Expected<std::string> json_schema_to_gbnf(std::string_view schema_json, const Gr
                                                       std::to_string(limits.max_nesting));
   json_schema::json schema = json_schema::json::parse(schema_json, nullptr, false);
   if (schema.is_discarded()) return invalid_argument("json_schema: not valid JSON");
-  return json_schema::Compiler(schema, limits).run();
+  return json_schema::Compiler(schema, limits, rule_prefix).run();
+}
+
+Expected<std::string> json_schema_to_gbnf(std::string_view schema_json, const GrammarLimits& limits) {
+  return json_schema_to_gbnf_rules(schema_json, "", limits);
 }
 
 Expected<GrammarPtr> compile_json_schema(std::string_view schema_json, const GrammarLimits& limits) {

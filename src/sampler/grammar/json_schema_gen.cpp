@@ -102,8 +102,9 @@ std::string Compiler::add_rule(const std::string& hint, const std::string& body)
   for (char c : hint) base += (std::isalnum((unsigned char)c) ? c : '-');
   if (base.empty()) base = "r";
   if (base.size() > 40) base.resize(40);
+  base = prefix_ + base;
   std::string name = base;
-  for (int i = 1; rules_.count(name) || name == "root"; ++i) name = base + "-" + std::to_string(i);
+  for (int i = 1; rules_.count(name) || name == prefix_ + "root"; ++i) name = base + "-" + std::to_string(i);
   out_bytes_ += name.size() + body.size() + 6;
   if (out_bytes_ > lim_.max_source_bytes)
     exhausted("the grammar exceeds the size limit of " + std::to_string(lim_.max_source_bytes) + " bytes");

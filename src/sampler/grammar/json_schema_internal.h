@@ -157,7 +157,10 @@ struct Node {
 
 class Compiler {
  public:
-  Compiler(const json& root, const GrammarLimits& lim);
+  // rule_prefix: prepended to the root and every schema-specific rule name
+  // (shared primitives such as `space` and `string` keep theirs), so that
+  // several schemas' grammars can live in one grammar.
+  Compiler(const json& root, const GrammarLimits& lim, std::string rule_prefix = {});
   Expected<std::string> run();
 
   // --- json_schema_set.cpp: the algebra ---
@@ -229,6 +232,7 @@ class Compiler {
 
   std::map<std::string, std::string> rules_;  // GBNF rule name -> body
   std::string gen_lost_;                      // the first keyword generation could not honour
+  std::string prefix_;                        // rule-name prefix (see the constructor)
   size_t out_bytes_ = 0;
 };
 
