@@ -67,6 +67,11 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--api-key-file", api_key_file, "file with one API key per line");
   app.add_option("--chat-template", chat_template_file, "Jinja chat template file (overrides the model's)");
   std::string reasoning_format = "auto";
+  std::string tool_call_format = "auto";
+  app.add_option("--tool-call-format", tool_call_format,
+                 "tool calls: auto (the chat template's own format where the grammar can write it), generic "
+                 "({\"name\", \"arguments\"}), or hermes, llama3_json, mistral, firefunction_v2, command_r, "
+                 "command_r7b, functionary_v3.1, deepseek_r1");
   app.add_option("--reasoning-format", reasoning_format,
                  "chat: split <think> blocks into reasoning_content: auto (when the template shows the model "
                  "reasons), deepseek (always), none (raw text)")
@@ -160,6 +165,7 @@ int cmd_serve(int argc, char** argv) {
   server::ServerConfig scfg;
   scfg.api_keys = api_keys;
   scfg.reasoning_format = reasoning_format;
+  scfg.tool_call_format = tool_call_format;
   scfg.shared_prefix_cache = shared_prefix_cache;
   scfg.engine_control = engine_control;
   scfg.model_name = served_name;

@@ -386,9 +386,20 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   if (rf != "auto" && rf != "none" && rf != "deepseek")
     return invalid_argument("reasoning format: expected auto, none or deepseek, got '" + rf + "'");
   s->reasoning_ = rf == "deepseek" || (rf == "auto" && s->chat_template_ && template_reasons(s->chat_template_->source()));
-  if (s->chat_template_) {
-    const ToolCallFormat f = detect_tool_call_format(s->chat_template_->source());
-    if (tool_format_constrainable(f)) s->parse_ctx_.tool_format = f;
+  const std::string& tf = s->cfg_.tool_call_format;
+  if (tf == "auto") {
+    if (s->chat_template_) {
+      const ToolCallFormat f = detect_tool_call_format(s->chat_template_->source());
+      if (tool_format_constrainable(f)) s->parse_ctx_.tool_format = f;
+    }
+  } else if (tf != "generic") {
+    bool found = false;
+    for (int k = 0; k <= (int)ToolCallFormat::firefunction && !found; ++k)
+      if (tool_call_format_name((ToolCallFormat)k) == tf && tool_format_constrainable((ToolCallFormat)k))
+        s->parse_ctx_.tool_format = (ToolCallFormat)k, found = true;
+    if (!found)
+      return invalid_argument("tool-call format: expected auto, generic, hermes, llama3_json, mistral, "
+                              "firefunction_v2, command_r, command_r7b, functionary_v3.1 or deepseek_r1, got '" + tf + "'");
   }
   s->parse_ctx_.tok = &engine.tokenizer();
   s->parse_ctx_.chat_template = s->chat_template_ ? &*s->chat_template_ : nullptr;

@@ -41,6 +41,10 @@ struct ServerConfig {
   // --reasoning-format: "auto" (split <think> blocks off when the template
   // shows the model reasons), "deepseek" (always), "none" (raw text).
   std::string reasoning_format = "auto";
+  // --tool-call-format: "auto" (the chat template's own format when the tool
+  // grammar can write it), "generic" ({"name", "arguments"}), or a format
+  // name (tool_call_format_name(): hermes, llama3_json, mistral, ...).
+  std::string tool_call_format = "auto";
   size_t max_inflight_requests = 256;        // accepted and not finished; past it: 429
   int64_t max_inflight_tokens = 1 << 20;     // sum of (prompt + max new tokens) x n in flight; past it: 429
   double request_timeout_s = 0;              // per-request deadline; 0 = none

@@ -56,6 +56,9 @@ def setup():
             srv = st.enter_context(Server(name=f"tools-{key}",
                                           chat_template=os.path.join(Config.shared, "chat-templates", file)))
             ctx.ports[key] = srv.port
+        ctx.generic_port = st.enter_context(Server("--tool-call-format", "generic", name="tools-generic",
+                                                   chat_template=os.path.join(Config.shared, "chat-templates",
+                                                                              TEMPLATES["hermes"]))).port
         yield ctx
 
 
@@ -144,6 +147,24 @@ def auto_gives_text_or_a_call(ctx):
             else:
                 check(isinstance(c["message"]["content"], str), f"{key}: text answer")
                 check("tool_calls" not in c["message"], f"{key}: no calls with text")
+
+
+@suite.test
+def generic_format_on_request(ctx):
+    r = post(ctx.generic_port, H, body(logprobs=True))
+    eq(r.status, 200, "status")
+    c = r.json()["choices"][0]
+    toks = "".join(t["token"] for t in c["logprobs"]["content"])
+    check("<tool_call>" not in toks and toks.lstrip().startswith("{"), f"generic call written: {toks[:80]!r}")
+    check_call("generic", c["message"]["tool_calls"][0])
+
+
+@suite.test
+def bad_tool_call_format_is_refused(ctx):
+    import subprocess
+    p = subprocess.run([Config.serval, "serve", "-m", Config.model(), "--tool-call-format", "xml"],
+                       capture_output=True, text=True, timeout=30)
+    check(p.returncode != 0 and "tool-call format" in (p.stderr + p.stdout), f"refused: {p.stderr[-200:]!r}")
 
 
 if __name__ == "__main__":
