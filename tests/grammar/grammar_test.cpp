@@ -506,6 +506,32 @@ void budget_walk_check(const GrammarPtr& g, const std::shared_ptr<const TokenTri
          << " (shortest completion " << m.min_remaining() << ")";
 }
 
+// A large, ordinary schema (60 properties, each a string, null or an array
+// of small objects; a oneOf on top) stays inside the grammar budgets: shared
+// shapes are one rule, unbounded repetitions stay open-ended.
+TEST(JsonSchema, LargeOrdinarySchemaFitsTheBudgets) {
+  nlohmann::json props = nlohmann::json::object(), required = nlohmann::json::array();
+  for (int i = 0; i < 60; ++i) {
+    const std::string k = "field_" + std::to_string(i);
+    props[k] = {{"anyOf", {{{"type", "string"}, {"maxLength", 20}},
+                           {{"type", "null"}},
+                           {{"type", "array"},
+                            {"items", {{"type", "object"},
+                                       {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 100}}},
+                                                       {"b", {{"enum", {"x", "y", "z"}}}}}},
+                                       {"required", {"a"}},
+                                       {"additionalProperties", false}}}}}}};
+    if (i % 3 == 0) required.push_back(k);
+  }
+  const nlohmann::json schema = {{"type", "object"}, {"properties", props}, {"required", required},
+                                 {"additionalProperties", false},
+                                 {"oneOf", {{{"properties", {{"field_0", {{"type", "string"}}}}}},
+                                            {{"properties", {{"field_0", {{"type", "null"}}}}}}}}};
+  auto g = compile_json_schema(schema.dump());
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_LT((*g)->rule_alts.size(), 5000u);
+}
+
 // The digit-range grammar behind minimum/maximum, against counting: every
 // integer in a window around the range matches iff it lies in the range.
 TEST(JsonSchema, IntegerRangesAreExact) {

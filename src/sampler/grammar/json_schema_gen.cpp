@@ -97,7 +97,11 @@ std::string Compiler::primitive(const std::string& name) {
   return "space";
 }
 
-std::string Compiler::add_rule(const std::string& hint, const std::string& body) {
+std::string Compiler::add_rule(const std::string& hint, const std::string& body, bool share) {
+  // A body generated before is the same rule (many properties share one
+  // string or item shape): large schemas stay within the rule budget.
+  if (share)
+    if (auto it = rule_of_body_.find(body); it != rule_of_body_.end()) return it->second;
   std::string base;
   for (char c : hint) base += (std::isalnum((unsigned char)c) ? c : '-');
   if (base.empty()) base = "r";
@@ -109,6 +113,7 @@ std::string Compiler::add_rule(const std::string& hint, const std::string& body)
   if (out_bytes_ > lim_.max_source_bytes)
     exhausted("the grammar exceeds the size limit of " + std::to_string(lim_.max_source_bytes) + " bytes");
   rules_[name] = body;
+  if (share) rule_of_body_.emplace(body, name);
   return name;
 }
 
@@ -117,7 +122,7 @@ bool Compiler::term_empty(const Term& t) { return materialize(t).empty(); }
 std::string Compiler::rule_for(const Term& t, const std::string& hint) {
   if (auto it = term_rules_.find(t.atoms); it != term_rules_.end()) return it->second;
   if (failed() || out_of_time()) return "space";
-  const std::string name = add_rule(hint, "space");
+  const std::string name = add_rule(hint, "space", /*share=*/false);  // a placeholder: the body comes below
   term_rules_[t.atoms] = name;
   const Set s = materialize(t);  // a copy: generation may materialize more terms
   rules_[name] = gen_set(s, name);
@@ -290,8 +295,10 @@ std::string Compiler::gen_str(const StrPart& in, const std::string& hint) {
     return primitive("string");
   }
   primitive("char");
+  // Unbounded: open-ended (a bounded {m,n} expands into n helper rules).
   const uint32_t hi = std::min<uint32_t>(p.max_len, std::max<uint32_t>(p.min_len, lim_.max_repetition));
-  const std::string rep = "{" + std::to_string(p.min_len) + "," + std::to_string(hi) + "}";
+  const std::string rep = "{" + std::to_string(p.min_len) + "," +
+                          (p.max_len == kUnbounded ? std::string() : std::to_string(hi)) + "}";
   return add_rule(hint, "\"\\\"\" char" + rep + " \"\\\"\" space");
 }
 
@@ -395,15 +402,16 @@ std::string Compiler::gen_arr(const ArrPart& in, const std::string& hint) {
     const uint32_t rlo = lo > Eh ? lo - (uint32_t)Eh : 0;
     const uint32_t cap = std::max<uint32_t>(rlo, lim_.max_repetition);
     const uint32_t rhi = hi == kUnbounded ? cap : std::min<uint32_t>(hi - (uint32_t)Eh, cap);
+    const bool open = hi == kUnbounded;  // open-ended: {m,} (a bounded {m,n} expands into n helper rules)
     const std::string item = rule_for(rest, hint + "-item");
     if (Eh == 0) {
       // item ("," item){rlo-1, rhi-1}, optional when rlo == 0
       const std::string more = "(\",\" space " + item + ")";
       const std::string rep = "{" + std::to_string(rlo > 0 ? rlo - 1 : 0) + "," +
-                              (rhi > 0 ? std::to_string(rhi - 1) : std::string("0")) + "}";
+                              (open ? std::string() : rhi > 0 ? std::to_string(rhi - 1) : std::string("0")) + "}";
       tail = rhi == 0 ? "" : (rlo > 0 ? item + " " + more + rep : "(" + item + " " + more + rep + ")?");
     } else {
-      tail = "(\",\" space " + item + "){" + std::to_string(rlo) + "," + std::to_string(rhi) + "}";
+      tail = "(\",\" space " + item + "){" + std::to_string(rlo) + "," + (open ? std::string() : std::to_string(rhi)) + "}";
     }
   }
   std::string inner = tail;

@@ -195,7 +195,7 @@ class Compiler {
   std::string gen_arr(const ArrPart& p, const std::string& hint);
   std::string gen_obj(const ObjPart& p, const std::string& hint);
   std::string primitive(const std::string& name);
-  std::string add_rule(const std::string& hint, const std::string& body);
+  std::string add_rule(const std::string& hint, const std::string& body, bool share = true);
   bool term_empty(const Term& t);
 
  public:
@@ -231,6 +231,7 @@ class Compiler {
   size_t set_depth_ = 0;
 
   std::map<std::string, std::string> rules_;  // GBNF rule name -> body
+  std::unordered_map<std::string, std::string> rule_of_body_;  // body -> the shared rule (add_rule)
   std::string gen_lost_;                      // the first keyword generation could not honour
   std::string prefix_;                        // rule-name prefix (see the constructor)
   size_t out_bytes_ = 0;
