@@ -275,6 +275,22 @@ Scan scan_call_array(std::string_view s, size_t i, const char* nk, const char* a
   }
 }
 
+// NAME<delim>ARGS (the name outside the JSON): one call into `calls` when
+// the name is known; returns the args' scan state (end: past them).
+Scan scan_named_call(std::string_view s, size_t i, char delim, const std::set<std::string>& names,
+                     std::vector<ToolCall>& calls, size_t& end) {
+  const size_t d = s.find(delim, i);
+  if (d == std::string_view::npos) return s.size() - i > 128 ? Scan::bad : Scan::partial;
+  ToolCall c{std::string(s.substr(i, d - i)), {}};
+  if (c.name.empty() || c.name == "all" || !known(names, c.name)) return Scan::bad;
+  i = skip_ws(s, d + 1);
+  const Scan st = scan_value(s, i, end);
+  if (st == Scan::bad) return Scan::bad;
+  c.arguments = std::string(s.substr(i, st == Scan::done ? end - i : s.size() - i));
+  calls.push_back(std::move(c));
+  return st;
+}
+
 // The calls of one block at `start` (just after its opening marker); returns
 // the scan state and, when done, the end of the block.
 Scan scan_block(ToolCallFormat f, std::string_view s, size_t i, const std::set<std::string>& names,
@@ -333,40 +349,17 @@ Scan scan_block(ToolCallFormat f, std::string_view s, size_t i, const std::set<s
     }
     case ToolCallFormat::functionary31: {
       // NAME>{args}</function>
-      const size_t gt = s.find('>', i);
-      if (gt == std::string_view::npos) return s.size() - i > 128 ? Scan::bad : Scan::partial;
-      ToolCall c{std::string(s.substr(i, gt - i)), {}};
-      if (c.name.empty() || !known(names, c.name)) return Scan::bad;
-      size_t e;
-      i = skip_ws(s, gt + 1);
-      const Scan st = scan_value(s, i, e);
-      if (st == Scan::bad) return Scan::bad;
+      const Scan st = scan_named_call(s, i, '>', names, calls, end);
       // The closing tag inside unfinished arguments: they are malformed.
-      if (st == Scan::partial && s.find("</function>", i) != std::string_view::npos) return Scan::bad;
-      c.arguments = std::string(s.substr(i, st == Scan::done ? e - i : s.size() - i));
-      calls.push_back(c);
-      if (st == Scan::partial) return Scan::partial;
-      i = e;
+      if (st == Scan::partial && s.find("</function>", i) != std::string_view::npos) return calls.clear(), Scan::bad;
+      if (st != Scan::done) return st;
+      i = end;
       const Scan cl = expect("</function>");
       end = i;
       return cl;
     }
-    case ToolCallFormat::functionary32: {
-      // NAME\n{args}
-      const size_t nl = s.find('\n', i);
-      if (nl == std::string_view::npos) return s.size() - i > 128 ? Scan::bad : Scan::partial;
-      ToolCall c{std::string(s.substr(i, nl - i)), {}};
-      if (c.name == "all" || c.name.empty() || !known(names, c.name)) return Scan::bad;
-      size_t e;
-      i = skip_ws(s, nl + 1);
-      const Scan st = scan_value(s, i, e);
-      if (st == Scan::bad) return Scan::bad;
-      c.arguments = std::string(s.substr(i, st == Scan::done ? e - i : s.size() - i));
-      calls.push_back(c);
-      if (st == Scan::partial) return Scan::partial;
-      end = e;
-      return Scan::done;
-    }
+    case ToolCallFormat::functionary32:  // NAME\n{args}
+      return scan_named_call(s, i, '\n', names, calls, end);
     case ToolCallFormat::deepseek_r1: {
       // (<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{args}\n```<｜tool▁call▁end｜>)+ <｜tool▁calls▁end｜>
       for (;;) {

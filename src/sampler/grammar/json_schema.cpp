@@ -374,12 +374,7 @@ bool as_count(const json& v, uint64_t& out) {
 
 Set without_type(uint8_t types) {
   Set s = Set::all();
-  if (types & kNull) s.null_ok = false;
-  if (types & kBool) s.true_ok = s.false_ok = false;
-  if (types & kNum) s.nums.clear();
-  if (types & kStr) s.strs.clear();
-  if (types & kArr) s.arrs.clear();
-  if (types & kObj) s.objs.clear();
+  s.drop_types(types);
   return s;
 }
 

@@ -136,6 +136,7 @@ struct Set {
 
   static Set all();
   static Set none() { return Set{}; }
+  void drop_types(uint8_t types);  // no values of these TypeBits (flags, parts and finite values)
   bool empty() const {
     return values.empty() && !null_ok && !true_ok && !false_ok && nums.empty() && strs.empty() && arrs.empty() &&
            objs.empty();

@@ -32,6 +32,19 @@ Set Set::all() {
   return s;
 }
 
+void Set::drop_types(uint8_t types) {
+  if (types & kNull) null_ok = false;
+  if (types & kBool) true_ok = false_ok = false;
+  if (types & kNum) nums.clear();
+  if (types & kStr) strs.clear();
+  if (types & kArr) arrs.clear();
+  if (types & kObj) objs.clear();
+  std::erase_if(values, [&](const json& v) {
+    return ((types & kNum) && v.is_number()) || ((types & kStr) && v.is_string()) ||
+           ((types & kArr) && v.is_array()) || ((types & kObj) && v.is_object());
+  });
+}
+
 namespace {
 
 // JSON equality as JSON Schema defines it: numbers by value, objects by keys.
@@ -390,18 +403,7 @@ Set Compiler::complement(const Set& s, const char* kw) {
 
   // A type whose values s dropped has no known complement: none of it.
   const uint8_t dark = s.inexact;
-  if (dark & kNull) r.null_ok = false;
-  if (dark & kBool) r.true_ok = r.false_ok = false;
-  if (dark & kNum) r.nums.clear();
-  if (dark & kStr) r.strs.clear();
-  if (dark & kArr) r.arrs.clear();
-  if (dark & kObj) r.objs.clear();
-  if (dark) {
-    std::erase_if(r.values, [&](const json& v) {
-      return ((dark & kNum) && v.is_number()) || ((dark & kStr) && v.is_string()) ||
-             ((dark & kArr) && v.is_array()) || ((dark & kObj) && v.is_object());
-    });
-  }
+  r.drop_types(dark);
   r.inexact = dark | lost;
   if (r.inexact) r.lost = !s.lost.empty() ? s.lost : kw;
   return r;
