@@ -83,6 +83,16 @@ struct Request {
   int32_t priority = 0;         // lower = more important (vLLM convention)
   uint64_t tenant_salt = 0;     // prefix-cache isolation between tenants
   bool speculate = true;        // use the engine's speculative decoding, if configured
+  // Log-probabilities of the prompt (OpenAI `echo` + `logprobs`, vLLM
+  // `prompt_logprobs`): -1 = off; N in [0, 20] = every prompt token after the
+  // first gets its log-prob and the N most likely tokens at its position
+  // (TokenLogprobs, as for generated tokens), delivered on sample 0's first
+  // event. Such a request computes its prompt from position 0 (no prefix-cache
+  // hit can skip positions), in chunks whose every logits row is kept, and
+  // does not speculate. Beam and contrastive search refuse it.
+  int32_t prompt_logprobs = -1;
+  // Score only: with prompt_logprobs >= 0 and n == 1, params.max_tokens may
+  // be 0 — the prompt is scored and nothing is generated (finish: length).
 };
 
 // Where a request's time went inside the engine (steady_clock nanoseconds since
@@ -107,7 +117,15 @@ struct OutputEvent {
   std::vector<TokenId> tokens;          // tokens generated since the previous event of this sample
   std::string text;                     // their text (UTF-8 safe; stop strings cut)
   std::vector<TokenLogprobs> logprobs;  // one per token when params.logprobs > 0
+  // Request::prompt_logprobs >= 0, on sample 0's first event: one entry per
+  // prompt position 1 .. prompt.size() - 1 (`chosen` is the prompt token).
+  std::vector<TokenLogprobs> prompt_logprobs;
   FinishReason finish = FinishReason::none;  // set on the sample's last event
+  // finish == stop: the stop string that ended the sample (an index into
+  // params.stop; -1: none), or the stop_token_ids token that did (-1: none).
+  // Both -1: an end-of-generation token of the model.
+  int32_t stop_string = -1;
+  TokenId stop_token = -1;
   Status error;                         // non-ok: the request failed; no more events follow
   int64_t time_ns = 0;                  // steady_clock ns when the engine produced it (end of its step)
   // Filled on a sample's last event:

@@ -328,8 +328,27 @@ Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
   if (req.n < 1 || req.n > cfg.max_n)
     return invalid_argument("n: expected a value in [1, " + std::to_string(cfg.max_n) + "], got " +
                             std::to_string(req.n));
-  SERVAL_RETURN_IF_ERROR(req.params.validate((int32_t)mc.n_vocab));
-  const int64_t max_new = req.params.max_tokens ? *req.params.max_tokens : cfg.max_model_len;
+  // Score only (prompt log-probs, nothing generated): max_tokens 0 is allowed.
+  const bool score_only = req.prompt_logprobs >= 0 && req.params.max_tokens && *req.params.max_tokens == 0;
+  if (score_only) {
+    SamplingParams vp = req.params;
+    vp.max_tokens = 1;
+    SERVAL_RETURN_IF_ERROR(vp.validate((int32_t)mc.n_vocab));
+  } else {
+    SERVAL_RETURN_IF_ERROR(req.params.validate((int32_t)mc.n_vocab));
+  }
+  if (req.prompt_logprobs >= 0) {
+    if (req.prompt_logprobs > SamplingLimits::max_logprobs)
+      return invalid_argument("prompt_logprobs: expected a value in [0, " +
+                              std::to_string(SamplingLimits::max_logprobs) + "], got " +
+                              std::to_string(req.prompt_logprobs));
+    if (req.params.beam_search() || req.params.contrastive_search())
+      return invalid_argument("prompt_logprobs: not available with beam or contrastive search");
+    if (score_only && req.n != 1)
+      return invalid_argument("n: expected 1 when only the prompt is scored (max_tokens 0), got " +
+                              std::to_string(req.n));
+  }
+  const int64_t max_new = req.params.max_tokens ? std::max<int64_t>(1, *req.params.max_tokens) : cfg.max_model_len;
   // Contrastive search runs its candidates one position past the output.
   const int64_t context = cfg.max_model_len - (req.params.contrastive_search() ? 1 : 0);
   const int64_t max_total = std::min<int64_t>(context, (int64_t)req.prompt.size() + max_new);

@@ -41,6 +41,9 @@ inline int64_t now_ns() {
 }
 
 constexpr size_t kMaxTimedChunks = 64;  // RequestTiming::prefill_chunks bound
+// Prompt log-probs: the logits rows one chunk of such a request may hold (its
+// chunks are capped to this many bytes of rows, at least 16 rows).
+constexpr size_t kPromptLogitsBytes = size_t{64} << 20;
 
 }  // namespace engine_detail
 
@@ -100,6 +103,12 @@ struct Engine::Impl {
     int64_t max_total = 0;         // prompt + max new tokens, capped by the context
     int64_t arrival_ns = 0, scheduled_ns = 0;
     std::vector<RequestTiming::Chunk> prefill_chunks;
+    // Request::prompt_logprobs: the prompt positions scored so far ([1,
+    // prompt_lp_next)), held until sample 0's first event carries them.
+    std::vector<TokenLogprobs> prompt_lp;
+    int64_t prompt_lp_next = 1;
+    bool prompt_lp_sent = false;
+    bool score_only() const { return req.prompt_logprobs >= 0 && req.params.max_tokens == 0; }
   };
 
   std::shared_ptr<const Model> model;
@@ -149,6 +158,7 @@ struct Engine::Impl {
     std::vector<SeqAdvance> advances;
     std::vector<size_t> first_row;          // per advance: the logits row of its first token
     std::vector<RequestState*> searching;   // search requests that got rows in this step
+    std::vector<SeqId> scored;              // score-only seqs whose prompt is done (nothing to sample)
     std::vector<std::pair<RequestStream*, OutputEvent>> events;
     std::vector<uint64_t> search_closed;
     int64_t prefill_computed = 0, generated = 0, closed = 0;
@@ -166,6 +176,9 @@ struct Engine::Impl {
   void wait_when_blocked();
   void run_step(SchedulerOutput& out, StepBuffers& buf);
   bool mark_hidden_wanted(SchedulerOutput& out);
+  void mark_prompt_logits(SchedulerOutput& out);
+  void score_prompt_rows(RequestState& rs, const ScheduledSeq& s, const float* rows);
+  void attach_prompt_logprobs(RequestState& rs, OutputEvent& ev);
   void fail_batch(const SchedulerOutput& out, const Status& st);
   void fail_open_requests();
   // after_step's phases, in order.

@@ -10,6 +10,7 @@ namespace serval {
 
 using engine_detail::now_ns;
 using engine_detail::kMaxTimedChunks;
+using engine_detail::kPromptLogitsBytes;
 
 // Samples under the sequence's grammar (if any) and advances its state.
 TokenId Engine::Impl::sample_seq(SeqState& ss, std::span<const float> logits, std::span<const TokenId> history) {
@@ -44,7 +45,13 @@ Engine::Impl::SeqState Engine::Impl::make_seq_state(RequestState* rs, int32_t in
   SeqState ss;
   ss.req = rs;
   ss.index = index;
-  ss.sampler = std::make_unique<Sampler>(p, (int32_t)model->config().n_vocab);
+  if (p.max_tokens == 0) {  // score only (Request::prompt_logprobs): never samples
+    SamplingParams sp = p;
+    sp.max_tokens = 1;
+    ss.sampler = std::make_unique<Sampler>(sp, (int32_t)model->config().n_vocab);
+  } else {
+    ss.sampler = std::make_unique<Sampler>(p, (int32_t)model->config().n_vocab);
+  }
   ss.detok = std::make_unique<StreamingDetokenizer>(tok);
   ss.stop = std::make_unique<StopMatcher>(p.stop);
   if (p.grammar) {
@@ -72,6 +79,14 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   // Drafts are not grammar-checked yet: constrained requests decode plainly.
   sr.speculate = rs->req.speculate && !rp.grammar && !rp.beam_search() && !rp.contrastive_search();
   sr.swappable = !rp.beam_search() && !rp.contrastive_search();
+  if (rs->req.prompt_logprobs >= 0) {
+    // Every prompt position's logits: no prefix-cache hit may skip one, and a
+    // chunk's rows are bounded so the step's logits stay within kPromptLogitsBytes.
+    sr.prefix_hits = false;
+    sr.speculate = false;
+    const auto n_vocab = (size_t)model->config().n_vocab;
+    sr.max_chunk = (int32_t)std::clamp<size_t>(kPromptLogitsBytes / (n_vocab * sizeof(float)), 16, 1 << 20);
+  }
   if (rp.contrastive_search()) {
     // Contrastive search needs the hidden state of every prompt token: no
     // prefix-cache hit may skip them (a key of its own; its forks share it).
@@ -214,6 +229,16 @@ OutputEvent Engine::Impl::make_event(SeqState& ss, std::span<const TokenId> toke
     ss.detokenize_ns += now_ns() - detok_start;
     ev.timing = timing_of(ss, time_ns);
     ev.finish = reason;
+    if (reason == FinishReason::stop) {
+      if (ss.stop->stopped()) {
+        ev.stop_string = ss.stop->matched_index();
+      } else if (!ev.tokens.empty()) {
+        const TokenId last = ev.tokens.back();
+        const bool model_eog = !p.ignore_eos && std::find(eog.begin(), eog.end(), last) != eog.end();
+        if (!model_eog && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), last) != p.stop_token_ids.end())
+          ev.stop_token = last;
+      }
+    }
     ev.prompt_tokens = (int64_t)rs.req.prompt.size();
     ev.completion_tokens = ss.n_generated;
     ev.cached_prompt_tokens = std::max<int64_t>(0, rs.cached_prompt_tokens);
@@ -256,8 +281,23 @@ void Engine::Impl::read_rows(const SchedulerOutput& out, std::span<const std::ve
         step->searching.push_back(&rs);
     }
     if (s.want_hidden) hidden_row += (size_t)s.n_tokens;
+    if (s.all_logits) {
+      // Every token's row: the prompt positions they predict are scored; the
+      // chunk's last row (with needs_logits) is the one sampled from.
+      if (it != seqs.end()) score_prompt_rows(*it->second.req, s, logits.data() + row * (size_t)n_vocab);
+      row += (size_t)s.n_tokens - 1;
+      if (!s.needs_logits) {
+        ++row;
+        continue;
+      }
+    }
     if (!s.needs_logits) continue;
     if (it != seqs.end() && it->second.req->search) {
+      ++row;
+      continue;
+    }
+    if (it != seqs.end() && it->second.req->score_only()) {
+      step->scored.push_back(s.seq);  // nothing to sample: the request ends with its prompt
       ++row;
       continue;
     }
@@ -312,11 +352,21 @@ void Engine::Impl::make_step_events(const std::vector<float>& logits, int64_t ti
     RequestState& rs = *ss.req;
     OutputEvent ev =
         make_event(ss, step->advances[k].tokens, logits.data() + step->first_row[k] * (size_t)n_vocab, time_ns);
+    if (ss.index == 0) attach_prompt_logprobs(rs, ev);
     step->generated += (int64_t)ev.tokens.size();
     if (ev.finish != FinishReason::none) {
       finish_seq(sid, ev.finish);
       if (rs.n_open == 0) ++step->closed;
     }
+    step->events.emplace_back(rs.stream.get(), std::move(ev));
+  }
+  for (SeqId sid : step->scored) {
+    SeqState& ss = seqs.at(sid);
+    RequestState& rs = *ss.req;
+    OutputEvent ev = make_event(ss, {}, nullptr, time_ns, FinishReason::length);
+    attach_prompt_logprobs(rs, ev);
+    finish_seq(sid, ev.finish);
+    if (rs.n_open == 0) ++step->closed;
     step->events.emplace_back(rs.stream.get(), std::move(ev));
   }
   const size_t n_plain_events = step->events.size();
@@ -374,8 +424,12 @@ void Engine::Impl::deliver(StepResult& step) {
   for (auto& [stream, ev] : step.events) stream->push(std::move(ev));
   for (uint64_t id : step.search_closed)
     if (auto it = requests.find(id); it != requests.end()) close_request_if_done(*it->second);
-  for (const SeqAdvance& a : step.advances) {
-    auto it = seqs.find(a.seq);
+  std::vector<SeqId> ended;
+  ended.reserve(step.advances.size() + step.scored.size());
+  for (const SeqAdvance& a : step.advances) ended.push_back(a.seq);
+  ended.insert(ended.end(), step.scored.begin(), step.scored.end());
+  for (SeqId sid : ended) {
+    auto it = seqs.find(sid);
     if (it == seqs.end()) continue;
     RequestState& rs = *it->second.req;
     if (rs.n_open <= 0 && requests.count(rs.id)) close_request_if_done(rs);
@@ -454,6 +508,41 @@ bool Engine::Impl::wait_for_work() {
   }
 }
 
+// Prompt log-probs: a chunk of a seq whose request wants them gets every
+// row while it still covers unscored prompt positions.
+void Engine::Impl::mark_prompt_logits(SchedulerOutput& out) {
+  for (ScheduledSeq& s : out.seqs) {
+    auto it = seqs.find(s.seq);
+    if (it == seqs.end() || it->second.index != 0) continue;
+    const RequestState& rs = *it->second.req;
+    s.all_logits = rs.req.prompt_logprobs >= 0 && rs.prompt_lp_next < (int64_t)rs.req.prompt.size() &&
+                   s.start_pos + s.n_tokens >= rs.prompt_lp_next;
+    SERVAL_ASSERT(!s.all_logits || s.n_draft == 0);
+  }
+}
+
+// rows: [s.n_tokens, n_vocab]; row j predicts position start_pos + j + 1.
+// Positions already scored (a chunk recomputed after preemption) are skipped.
+void Engine::Impl::score_prompt_rows(RequestState& rs, const ScheduledSeq& s, const float* rows) {
+  const auto n_vocab = (size_t)model->config().n_vocab;
+  const std::vector<TokenId>& prompt = rs.req.prompt;
+  for (int32_t j = 0; j < s.n_tokens; ++j) {
+    const int64_t pos = s.start_pos + j + 1;
+    if (pos != rs.prompt_lp_next || pos >= (int64_t)prompt.size()) continue;
+    rs.prompt_lp.push_back(
+        compute_logprobs({rows + (size_t)j * n_vocab, n_vocab}, prompt[(size_t)pos], rs.req.prompt_logprobs));
+    ++rs.prompt_lp_next;
+  }
+}
+
+void Engine::Impl::attach_prompt_logprobs(RequestState& rs, OutputEvent& ev) {
+  if (rs.req.prompt_logprobs < 0 || rs.prompt_lp_sent) return;
+  SERVAL_ASSERT(rs.prompt_lp_next == (int64_t)rs.req.prompt.size());
+  ev.prompt_logprobs = std::move(rs.prompt_lp);
+  rs.prompt_lp = {};
+  rs.prompt_lp_sent = true;
+}
+
 // Contrastive search reads the hidden states of its seqs' tokens; true when
 // any scheduled seq wants them.
 bool Engine::Impl::mark_hidden_wanted(SchedulerOutput& out) {
@@ -493,6 +582,7 @@ void Engine::Impl::run_step(SchedulerOutput& out, StepBuffers& buf) {
   runner->apply_block_moves(out);
   Status st = propose(out, &buf.drafts);
   const bool any_hidden = mark_hidden_wanted(out);
+  mark_prompt_logits(out);
   if (st.ok()) st = runner->execute(out, buf.drafts, &buf.logits, any_hidden ? &buf.hidden : nullptr);
   if (!st.ok()) return fail_batch(out, st);
   after_step(out, buf.drafts, buf.logits, buf.hidden, step_start_ns);

@@ -79,8 +79,9 @@ Status Runner::execute(const SchedulerOutput& out, std::span<const std::vector<T
     batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin(), s.tokens.end());
     batch_.tokens.insert(batch_.tokens.end(), d.begin(), d.end());
     const auto n = static_cast<int32_t>(s.n_tokens + d.size());
-    batch_.seqs.push_back({s.start_pos, n, s.block_table, s.needs_logits, 1 + static_cast<int32_t>(d.size()),
-                           s.want_hidden, s.swa_block_table});
+    SERVAL_ASSERT(!s.all_logits || d.empty());
+    batch_.seqs.push_back({s.start_pos, n, s.block_table, s.needs_logits || s.all_logits,
+                           s.all_logits ? n : 1 + static_cast<int32_t>(d.size()), s.want_hidden, s.swa_block_table});
   }
   return forward_.forward(batch_, logits, hidden);
 }

@@ -51,7 +51,8 @@ class Runner {
   // The forward pass: each seq's chunk followed by drafts[i] (at most its
   // n_draft tokens; `drafts` empty = no drafts anywhere). logits: [n_rows,
   // n_vocab], for each seq with needs_logits 1 + drafts[i].size() rows (its
-  // chunk's last token, then each draft), in order.
+  // chunk's last token, then each draft), for each seq with all_logits
+  // n_tokens rows (every token of its chunk), in order.
   // hidden (optional): the final-normed hidden states of every token of the
   // seqs with want_hidden, in order ([n, dim]).
   Status execute(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,

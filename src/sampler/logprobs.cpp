@@ -38,11 +38,16 @@ void compute_logprobs(std::span<const float> logits, TokenId chosen, int32_t top
   // Pass 2: log-sum-exp; logprob = (l - m) - log(sum exp(l_i - m)), in double.
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   double log_sum = 0.0;
-  if (m != kNegInf) {
-    double sum = 0.0;
-    for (float l : logits) sum += std::exp(sanitize_logit(l) - m);
-    log_sum = std::log(sum);
+  const float chosen_logit = sanitize_logit(logits[static_cast<size_t>(chosen)]);
+  size_t better_than_chosen = 0;  // ranks as `top` orders: logprob desc, ties by lower id
+  double sum = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float l = sanitize_logit(logits[i]);
+    if (m != kNegInf) sum += std::exp(l - m);
+    better_than_chosen += l > chosen_logit || (l == chosen_logit && i < static_cast<size_t>(chosen));
   }
+  if (m != kNegInf) log_sum = std::log(sum);
+  out.rank = static_cast<int32_t>(better_than_chosen + 1);
   auto logprob = [&](float l) {
     if (m == kNegInf || l == kNegInf) return kNegInf;
     return static_cast<float>((static_cast<double>(l) - m) - log_sum);

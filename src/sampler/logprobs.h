@@ -27,6 +27,7 @@ struct TokenLogprob {
 struct TokenLogprobs {
   TokenLogprob chosen;             // the sampled token
   std::vector<TokenLogprob> top;   // min(top_n, n_vocab) best, logprob desc, ties by lower token id
+  int32_t rank = 1;                // the chosen token's place in that order, 1 = the most likely
 };
 
 // logits: [n_vocab], the raw model output. chosen in [0, n_vocab); top_n >= 0.

@@ -99,6 +99,8 @@ Status Scheduler::add(SeqRequest r) {
   s.key = r.prefix_key;
   s.speculate = r.speculate && cfg_.draft_max > 0;
   s.swappable = r.swappable;
+  s.prefix_hits = r.prefix_hits;
+  if (r.max_chunk > 0 && cfg_.enable_chunked_prefill) s.max_chunk = r.max_chunk;
   s.arrival = next_arrival_++;
   s.state = SeqState::waiting;
   seqs_.emplace(s.id, std::move(s));
@@ -258,7 +260,7 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
       if (s.state != SeqState::running || s.scheduled_step == step_ || done(s)) continue;
       const int64_t gap = static_cast<int64_t>(s.tokens.size()) - s.num_computed;
       if (gap <= 0 || decodes != (gap == 1)) continue;
-      const int64_t chunk = decodes ? std::min(gap, budget) : std::min({gap, budget, prefill_left});
+      const int64_t chunk = decodes ? std::min(gap, budget) : std::min({gap, budget, prefill_left, s.max_chunk});
       if (chunk == 0) continue;
       if (!cfg_.enable_chunked_prefill && chunk < gap) continue;
       // Draft slots: never past max_total_tokens (the accepted drafts plus the
@@ -316,7 +318,7 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
       const size_t n_copies = out.copies.size();
       if (s.state == SeqState::swapped) {
         const int64_t gap = n - s.num_computed;
-        const int64_t chunk = std::min({gap, budget, prefill_left});
+        const int64_t chunk = std::min({gap, budget, prefill_left, s.max_chunk});
         if (gap <= 0) continue;
         if (!cfg_.enable_chunked_prefill && chunk < gap) break;
         if (!kv_->can_swap_in(id, s.num_computed + chunk)) break;
@@ -328,12 +330,12 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
         budget -= chunk;
       } else {
         SERVAL_ASSERT(s.num_computed == 0);
-        const int64_t hit = kv_->find_cached_prefix(s.tokens, s.key);
+        const int64_t hit = s.prefix_hits ? kv_->find_cached_prefix(s.tokens, s.key) : 0;
         const int64_t gap = n - hit;
-        const int64_t chunk = std::min({gap, budget, prefill_left});
+        const int64_t chunk = std::min({gap, budget, prefill_left, s.max_chunk});
         if (!cfg_.enable_chunked_prefill && chunk < gap) break;
-        if (!kv_->can_admit(s.tokens, s.key, hit + chunk)) break;
-        const int64_t got = kv_->acquire_cached_prefix(id, s.tokens, s.key);
+        if (s.prefix_hits ? !kv_->can_admit(s.tokens, s.key, hit + chunk) : !kv_->can_allocate(id, chunk, 0)) break;
+        const int64_t got = s.prefix_hits ? kv_->acquire_cached_prefix(id, s.tokens, s.key) : 0;
         SERVAL_ASSERT(got == hit);
         s.num_computed = hit;
         if (s.cached_prompt_tokens < 0) s.cached_prompt_tokens = hit;

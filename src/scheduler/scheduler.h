@@ -104,6 +104,13 @@ struct SeqRequest {
   // decoding holds seqs whose tokens are all computed; a swapped-out one
   // would have no gap to be swapped back in for). Forks inherit it.
   bool swappable = true;
+  // false: never starts from a prefix-cache hit (admission and recompute
+  // compute every position from 0; its full blocks still enter the cache).
+  // Prompt log-probs need the logits of every prompt position.
+  bool prefix_hits = true;
+  // > 0: prefill chunks of this seq are at most this many tokens (a seq that
+  // wants logits for every position bounds the step's logits buffer).
+  int32_t max_chunk = 0;
 };
 
 // What the engine did with one seq's logits in a step: `tokens` = the accepted
@@ -199,6 +206,8 @@ class Scheduler {
     uint64_t scheduled_step = UINT64_MAX;  // the step it was last scheduled in
     bool speculate = false;
     bool swappable = true;
+    bool prefix_hits = true;
+    int64_t max_chunk = INT64_MAX;
     double accepted_mean = -1;  // running mean of accepted drafts per verify; < 0: none yet
     int32_t decodes_without_draft = 0;
     int64_t draft_computed = 0;  // track_draft_kv: positions the draft model has K/V for (<= num_computed)

@@ -35,6 +35,10 @@ struct ScheduledSeq {
   // Set by the engine, not the scheduler: return the final-normed hidden
   // state of each of the chunk's tokens too (contrastive search).
   bool want_hidden = false;
+  // Set by the engine: logits for every token of the chunk, not only after
+  // its last (prompt log-probs). No drafts then; with needs_logits the last
+  // of its n_tokens rows is the one sampled from.
+  bool all_logits = false;
 };
 
 struct SchedulerOutput {

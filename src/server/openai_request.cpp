@@ -180,7 +180,8 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
   }
   const int64_t max_len = ctx.max_model_len;
   std::optional<int64_t> max_tokens;
-  if (auto v = rd.integer("max_tokens", 1, INT32_MAX)) max_tokens = *v;
+  // Completions: max_tokens 0 with echo scores the prompt and generates nothing.
+  if (auto v = rd.integer("max_tokens", chat ? 1 : 0, INT32_MAX)) max_tokens = *v;
   if (auto v = rd.integer("max_completion_tokens", 1, INT32_MAX)) max_tokens = *v;
   if (const json* stop = rd.get("stop")) {
     if (stop->is_string()) {
@@ -243,7 +244,25 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
     if (const json* s = rd.get("suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
       return bad_request("suffix: not supported", "suffix");
   }
+  if (auto v = rd.integer("prompt_logprobs", 0, SamplingLimits::max_logprobs)) {
+    r.vllm_prompt_logprobs = true;
+    r.vllm_prompt_top = (int32_t)*v;
+  }
   if (rd.err) return *rd.err;
+  if (max_tokens && *max_tokens == 0) {
+    if (!r.echo)
+      return bad_request("max_tokens: 0 generates nothing; it is allowed only with echo: true (to score the prompt)",
+                         "max_tokens");
+    if (r.n != 1) return bad_request("n: expected 1 with max_tokens 0", "n");
+    if (r.stream) return bad_request("stream: not available with max_tokens 0 (nothing is generated)", "stream");
+    r.score_only = true;
+  }
+  if (r.echo && r.logprobs) r.prompt_logprobs = r.top_logprobs;
+  if (r.vllm_prompt_logprobs) r.prompt_logprobs = std::max(r.prompt_logprobs, r.vllm_prompt_top);
+  if (r.prompt_logprobs >= 0 && (p.beam_search() || p.contrastive_search()))
+    return bad_request(std::string(r.vllm_prompt_logprobs ? "prompt_logprobs" : "echo") +
+                           ": prompt log-probs are not available with beam or contrastive search",
+                       r.vllm_prompt_logprobs ? "prompt_logprobs" : "echo");
   {
     static GrammarCache default_cache;
     auto so = parse_structured_output(j, chat, ctx.grammar_cache ? *ctx.grammar_cache : default_cache,
@@ -349,7 +368,11 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
   }
   if (max_tokens) p.max_tokens = (int32_t)*max_tokens;
   else if (!chat) p.max_tokens = (int32_t)ctx.limits.default_completion_max_tokens;
-  if (Status st = p.validate((int32_t)ctx.n_vocab); !st.ok()) return from_status(st);
+  {
+    SamplingParams vp = p;  // score only: max_tokens 0 is checked above
+    if (r.score_only) vp.max_tokens = 1;
+    if (Status st = vp.validate((int32_t)ctx.n_vocab); !st.ok()) return from_status(st);
+  }
   return r;
 }
 

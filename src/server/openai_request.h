@@ -38,6 +38,14 @@ struct ParsedRequest {
   bool echo = false;
   bool logprobs = false;       // chat: logprobs: true; completions: logprobs given
   int32_t top_logprobs = 0;
+  // The prompt's log-probs are computed (Request::prompt_logprobs: that many
+  // top entries; -1 = not asked): for `echo` with `logprobs` (completions,
+  // returned in the choice's logprobs lists) and for vLLM's
+  // `prompt_logprobs: N` (returned as `prompt_logprobs`).
+  int32_t prompt_logprobs = -1;
+  bool vllm_prompt_logprobs = false;  // `prompt_logprobs` was given
+  int32_t vllm_prompt_top = 0;        // its N
+  bool score_only = false;            // completions with max_tokens 0 (and echo): nothing is generated
   int32_t priority = 0;
   ToolMode tools = ToolMode::off;  // how to read the output (structured_output.h)
   ToolCallFormat tool_format = ToolCallFormat::none;  // with tools: calls in this native format (none: generic JSON)

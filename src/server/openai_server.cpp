@@ -90,6 +90,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     std::vector<std::string> call_ids;       // one per call streamed
     std::optional<ParsedOutput> parsed;      // native format, at the end: content and calls
     std::optional<double> beam_score;  // beam search: the hypothesis' score
+    json stop_reason = nullptr;  // vLLM: the stop string or stop token id that ended it (null: EOS or other)
   };
 
   OpenAiServer* srv = nullptr;
@@ -103,6 +104,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
   std::vector<Choice> choices;
   int64_t prompt_tokens = 0, cached_tokens = 0;
   int64_t reserved_tokens = 0;
+  // Prompt log-probs, per prompt: received (from sample 0's first event), and
+  // vLLM's `prompt_logprobs` list ([null, {id: {logprob, rank, decoded_token}}, ...]).
+  std::vector<bool> prompt_lp_done;
+  std::vector<json> prompt_lp_json;
   clock_type::time_point deadline = clock_type::time_point::max();
   std::mutex mu;
   size_t open_streams = 0;
@@ -139,11 +144,31 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       }
       return json{{"content", content}};
     }
-    json tokens = json::array(), tlp = json::array(), top = json::array(), offs = json::array();
     // text_offset counts from the start of the returned text (the prompt, with echo).
     const size_t base = req.echo ? req.prompt_texts[prompt_idx_of(c)].size() : 0;
-    size_t at = base + c.text.size();
-    for (const auto& lp : ev.logprobs) {
+    json out = completion_logprobs({}, ev.logprobs, base + c.text.size());
+    for (auto& x : out["tokens"]) c.lp_tokens.push_back(x);
+    for (auto& x : out["token_logprobs"]) c.lp_token_logprobs.push_back(x);
+    for (auto& x : out["top_logprobs"]) c.lp_top.push_back(x);
+    for (auto& x : out["text_offset"]) c.lp_offsets.push_back(x);
+    return out;
+  }
+
+  // The /v1/completions logprobs lists of `lps` (text offsets from `at`);
+  // with `first` the list starts with that token (a prompt's first, which has
+  // no log-prob: null entries).
+  json completion_logprobs(std::optional<TokenId> first, std::span<const TokenLogprobs> lps, size_t at) const {
+    const Tokenizer& tok = srv->engine_.tokenizer();
+    json tokens = json::array(), tlp = json::array(), top = json::array(), offs = json::array();
+    if (first) {
+      const std::string piece = tok.token_to_piece(*first);
+      tokens.push_back(piece);
+      tlp.push_back(nullptr);
+      top.push_back(nullptr);
+      offs.push_back((int64_t)at);
+      at += piece.size();
+    }
+    for (const auto& lp : lps) {
       const std::string piece = tok.token_to_piece(lp.chosen.token);
       json t = json::object();
       for (int i = 0; i < req.top_logprobs && i < (int)lp.top.size(); ++i)
@@ -154,11 +179,77 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       offs.push_back((int64_t)at);
       at += piece.size();
     }
-    for (auto& x : tokens) c.lp_tokens.push_back(x);
-    for (auto& x : tlp) c.lp_token_logprobs.push_back(x);
-    for (auto& x : top) c.lp_top.push_back(x);
-    for (auto& x : offs) c.lp_offsets.push_back(x);
     return json{{"tokens", tokens}, {"token_logprobs", tlp}, {"top_logprobs", top}, {"text_offset", offs}};
+  }
+
+  // vLLM's entry for one position: the token itself and the `top` best, by id.
+  json vllm_logprob_entry(const TokenLogprobs& lp, int32_t top) const {
+    const Tokenizer& tok = srv->engine_.tokenizer();
+    json e = json::object();
+    e[std::to_string(lp.chosen.token)] = {
+        {"logprob", lp.chosen.logprob}, {"rank", lp.rank}, {"decoded_token", tok.token_to_piece(lp.chosen.token)}};
+    for (int32_t i = 0; i < top && i < (int32_t)lp.top.size(); ++i) {
+      const TokenLogprob& t = lp.top[(size_t)i];
+      const std::string key = std::to_string(t.token);
+      if (!e.contains(key))
+        e[key] = {{"logprob", t.logprob}, {"rank", i + 1}, {"decoded_token", tok.token_to_piece(t.token)}};
+    }
+    return e;
+  }
+
+  // Sample 0's first event of prompt p brought the prompt's log-probs: they
+  // become vLLM's prompt_logprobs and, with echo, the head of each of the
+  // prompt's choices' logprobs lists (streamed: the echo chunk).
+  void on_prompt_logprobs(size_t p, const std::vector<TokenLogprobs>& lps) {
+    prompt_lp_done[p] = true;
+    const std::vector<TokenId>& ids = req.prompts[p];
+    if (req.vllm_prompt_logprobs) {
+      json arr = json::array({nullptr});
+      for (const TokenLogprobs& lp : lps) arr.push_back(vllm_logprob_entry(lp, req.vllm_prompt_top));
+      prompt_lp_json[p] = std::move(arr);
+    }
+    const bool echo_lp = req.echo && req.logprobs;
+    json head = echo_lp ? completion_logprobs(ids[0], lps, 0) : json();
+    if (echo_lp) {
+      // The echoed text may lack what the pieces start with (the tokenizer's
+      // leading space, as vLLM's detokenizer drops it too): the first tokens
+      // lose those bytes, so each token is the text at its offset.
+      std::string pieces;
+      for (const auto& t : head["tokens"]) pieces += t.get<std::string>();
+      const std::string& text = req.prompt_texts[p];
+      if (pieces.size() > text.size() && pieces.compare(pieces.size() - text.size(), text.size(), text) == 0) {
+        const size_t shift = pieces.size() - text.size();
+        size_t cut = shift;
+        for (size_t k = 0; k < head["tokens"].size(); ++k) {
+          std::string t = head["tokens"][k].get<std::string>();
+          const size_t drop = std::min(cut, t.size());
+          cut -= drop;
+          head["tokens"][k] = t.substr(drop);
+          head["text_offset"][k] = std::max<int64_t>(0, head["text_offset"][k].get<int64_t>() - (int64_t)shift);
+        }
+      }
+    }
+    for (size_t k = 0; k < (size_t)req.n; ++k) {
+      const size_t ci = p * (size_t)req.n + k;
+      Choice& c = choices[ci];
+      if (echo_lp) {
+        auto prepend = [](json& list, const json& items) { list.insert(list.begin(), items.begin(), items.end()); };
+        prepend(c.lp_tokens, head["tokens"]);
+        prepend(c.lp_token_logprobs, head["token_logprobs"]);
+        prepend(c.lp_top, head["top_logprobs"]);
+        prepend(c.lp_offsets, head["text_offset"]);
+      }
+      if (!req.stream || (!echo_lp && !req.vllm_prompt_logprobs)) continue;
+      json chunk = chunk_base();
+      json choice = {{"index", ci}};
+      if (req.chat) choice["delta"] = json::object();
+      else choice["text"] = echo_lp ? req.prompt_texts[p] : std::string();
+      choice["logprobs"] = echo_lp ? head : json(nullptr);
+      choice["finish_reason"] = nullptr;
+      if (req.vllm_prompt_logprobs) choice["prompt_logprobs"] = prompt_lp_json[p];
+      chunk["choices"] = json::array({choice});
+      write_event(chunk);
+    }
   }
 
   void on_event(size_t stream_idx, const OutputEvent& ev) {
@@ -170,6 +261,8 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     const size_t prompt_idx = stream_idx;
     const size_t ci = prompt_idx * (size_t)req.n + (size_t)ev.index;
     Choice& c = choices[ci];
+    if (req.prompt_logprobs >= 0 && ev.index == 0 && !prompt_lp_done[prompt_idx])
+      on_prompt_logprobs(prompt_idx, ev.prompt_logprobs);
     json lp = nullptr;
     if (req.logprobs && !ev.logprobs.empty()) lp = add_logprobs(c, ev);
     std::string think_delta;
@@ -192,6 +285,10 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
     obs->on_event(stream_idx, ci, ev);
     if (ev.finish != FinishReason::none) {
       c.finish = finish_reason_name(ev.finish);
+      if (ev.stop_string >= 0 && (size_t)ev.stop_string < req.params.stop.size())
+        c.stop_reason = req.params.stop[(size_t)ev.stop_string];
+      else if (ev.stop_token >= 0)
+        c.stop_reason = ev.stop_token;
       if (req.tools != ToolMode::off && req.tool_format != ToolCallFormat::none) {
         c.parsed = parse_tool_calls(req.tool_format, c.text, req.tool_names);
         if (!c.parsed->calls.empty() && ev.finish == FinishReason::stop) c.finish = "tool_calls";
@@ -261,6 +358,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       }
       choice["logprobs"] = lp;
       choice["finish_reason"] = ev.finish == FinishReason::none ? json(nullptr) : json(c.finish);
+      if (ev.finish != FinishReason::none) choice["stop_reason"] = c.stop_reason;
       if (c.beam_score) choice["beam_score"] = *c.beam_score;
       chunk["choices"] = json::array({choice});
       const bool empty_delta = req.chat && choice["delta"].empty();  // e.g. a tool call held back
@@ -333,10 +431,13 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
                                              : json(nullptr);
         }
         ch_json["finish_reason"] = c.finish.empty() ? json(nullptr) : json(c.finish);
+        ch_json["stop_reason"] = c.stop_reason;
         if (c.beam_score) ch_json["beam_score"] = *c.beam_score;
+        if (req.vllm_prompt_logprobs && !req.chat) ch_json["prompt_logprobs"] = prompt_lp_json[prompt_idx_of(c)];
         arr.push_back(ch_json);
       }
       out["choices"] = arr;
+      if (req.vllm_prompt_logprobs && req.chat) out["prompt_logprobs"] = prompt_lp_json[0];
       out["usage"] = usage();
       srv->send_json(ch, 200, dump(out));
     }
@@ -677,6 +778,9 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
   job->reserved_tokens = need;
   job->prompt_tokens = prompt_total;
   job->choices.resize(r.prompts.size() * (size_t)r.n);
+  job->prompt_lp_done.assign(r.prompts.size(), false);
+  job->prompt_lp_json.assign(r.prompts.size(), json(nullptr));
+  if (r.score_only && r.prompt_logprobs < 0) r.prompt_logprobs = 0;  // echo, max_tokens 0: still one prefill
   // Output constrained to JSON or a tool call cannot think first: reasoning
   // is split off where the model writes freely or under a user's own
   // grammar / regex / choice (which may well spell out the <think> block).
@@ -704,13 +808,14 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
       er.n = job->req.n;
       er.priority = job->req.priority;
       er.tenant_salt = salt;
+      er.prompt_logprobs = job->req.prompt_logprobs;
       auto s = engine_.submit(std::move(er));
       if (!s.ok()) return job->fail(from_status(s.status()));
       job->streams.push_back(*s);
     }
     if (job->req.stream) {
       ch->start_stream(200, "text/event-stream");
-      if (job->req.echo) {
+      if (job->req.echo && !job->req.logprobs) {  // with logprobs: on_prompt_logprobs() writes it
         for (size_t i = 0; i < job->choices.size(); ++i) {
           json chunk = job->chunk_base();
           chunk["choices"] = json::array({{{"index", i}, {"text", job->req.prompt_texts[i / (size_t)job->req.n]},

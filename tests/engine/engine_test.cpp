@@ -320,3 +320,153 @@ TEST(Engine, RequestTimingOfChunkedPrefillAndDecode) {
   EXPECT_NEAR(compute, st.step_seconds, 1e-9 + st.step_seconds * 1e-9);
   EXPECT_EQ(st.spec_drafts, 0);
 }
+
+namespace {
+
+struct Scored {
+  std::vector<TokenLogprobs> prompt_lp;
+  Sample sample;
+};
+
+Scored collect_scored(RequestStream& s) {
+  Scored out;
+  OutputEvent ev;
+  int events_with_prompt_lp = 0;
+  while (s.next(&ev)) {
+    EXPECT_TRUE(ev.error.ok()) << ev.error.message();
+    if (!ev.error.ok()) break;
+    if (!ev.prompt_logprobs.empty()) {
+      ++events_with_prompt_lp;
+      out.prompt_lp = ev.prompt_logprobs;
+    }
+    out.sample.tokens.insert(out.sample.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    for (const auto& lp : ev.logprobs) out.sample.chosen_logprobs.push_back(lp.chosen.logprob);
+    if (ev.finish != FinishReason::none) out.sample.finish = ev.finish;
+  }
+  EXPECT_LE(events_with_prompt_lp, 1);
+  return out;
+}
+
+Request scoring_request(std::vector<TokenId> prompt, int max_tokens, int top) {
+  Request r = greedy_request(std::move(prompt), 1, 1);
+  r.params.max_tokens = max_tokens;
+  r.prompt_logprobs = top;
+  return r;
+}
+
+}  // namespace
+
+// Prompt log-probs (echo + logprobs, prompt_logprobs): each prompt position's
+// log-prob equals, bit for bit, the one a decode step reports when that token
+// is forced after the prompt's prefix (teacher forcing through logit_bias, via
+// the prefix cache); and they do not change when the request is scored in
+// small chunks next to 24 other requests in a pool that forces preemptions.
+TEST(Engine, PromptLogprobsEqualTeacherForcedAndAreBatchInvariant) {
+  auto prompts = mixed_prompts();
+  prompts.resize(8);
+  std::vector<Scored> alone;
+  {
+    EngineConfig cfg;
+    cfg.n_threads = 2;
+    auto e = make_engine(cfg);
+    for (const auto& p : prompts) {
+      auto s = e->submit(scoring_request(p, 0, 3));
+      ASSERT_TRUE(s.ok()) << s.status().message();
+      alone.push_back(collect_scored(**s));
+      const Scored& a = alone.back();
+      ASSERT_EQ(a.prompt_lp.size(), p.size() - 1);
+      EXPECT_TRUE(a.sample.tokens.empty());
+      EXPECT_EQ(a.sample.finish, FinishReason::length);
+      for (size_t i = 0; i < a.prompt_lp.size(); ++i) {
+        EXPECT_EQ(a.prompt_lp[i].chosen.token, p[i + 1]);
+        ASSERT_EQ(a.prompt_lp[i].top.size(), 3u);
+        EXPECT_LE(a.prompt_lp[i].chosen.logprob, a.prompt_lp[i].top[0].logprob);
+        EXPECT_EQ(a.prompt_lp[i].rank == 1, a.prompt_lp[i].top[0].token == p[i + 1]);
+      }
+    }
+    // Teacher forcing: prefix p[0, i) then p[i] forced by a +100 bias; the
+    // reported log-prob is of the raw logits, so it must equal position i's.
+    std::vector<std::pair<size_t, size_t>> who;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      for (size_t i = 1; i < prompts[k].size(); i += 3) {
+        Request r = greedy_request({prompts[k].begin(), prompts[k].begin() + (ptrdiff_t)i}, 1, 1);
+        r.params.logit_bias = {{prompts[k][i], 100.0f}};
+        auto s = e->submit(std::move(r));
+        ASSERT_TRUE(s.ok()) << s.status().message();
+        streams.push_back(*s);
+        who.push_back({k, i});
+      }
+    }
+    for (size_t q = 0; q < streams.size(); ++q) {
+      const Sample got = collect(*streams[q], 1)[0];
+      const auto [k, i] = who[q];
+      ASSERT_EQ(got.tokens, std::vector<TokenId>{prompts[k][i]});
+      const float want = alone[k].prompt_lp[i - 1].chosen.logprob;
+      EXPECT_EQ(std::memcmp(&got.chosen_logprobs[0], &want, 4), 0)
+          << "prompt " << k << " position " << i << ": " << got.chosen_logprobs[0] << " vs " << want;
+    }
+  }
+  EngineConfig cfg;
+  cfg.n_threads = 2;
+  cfg.block_size = 16;
+  cfg.max_batch_tokens = 24;  // chunked prefill
+  cfg.max_seqs = 32;
+  const auto& mc = stories().model->config();
+  const size_t block_bytes = KvGeometry{(int32_t)mc.n_layers, (int32_t)mc.kv_dim(), 16, cfg.kv_type}.bytes_per_block();
+  cfg.kv_memory_bytes = 16 * block_bytes;  // forces preemptions
+  auto e = make_engine(cfg);
+  e->pause();
+  std::vector<std::shared_ptr<RequestStream>> scored, others;
+  const auto all = mixed_prompts();
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    auto s = e->submit(scoring_request(prompts[k], k % 2 ? 0 : 6, 3));
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    scored.push_back(*s);
+    for (size_t j = 8 + 3 * k; j < 11 + 3 * k; ++j) {
+      auto o = e->submit(greedy_request(all[j], 16));
+      ASSERT_TRUE(o.ok());
+      others.push_back(*o);
+    }
+  }
+  e->resume();
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const Scored got = collect_scored(*scored[k]);
+    ASSERT_EQ(got.prompt_lp.size(), alone[k].prompt_lp.size()) << "prompt " << k;
+    for (size_t i = 0; i < got.prompt_lp.size(); ++i) {
+      const TokenLogprobs &g = got.prompt_lp[i], &a = alone[k].prompt_lp[i];
+      EXPECT_EQ(std::memcmp(&g.chosen.logprob, &a.chosen.logprob, 4), 0) << "prompt " << k << " position " << i + 1;
+      ASSERT_EQ(g.top.size(), a.top.size());
+      for (size_t t = 0; t < g.top.size(); ++t) {
+        EXPECT_EQ(g.top[t].token, a.top[t].token);
+        EXPECT_EQ(std::memcmp(&g.top[t].logprob, &a.top[t].logprob, 4), 0);
+      }
+    }
+    EXPECT_EQ(got.sample.tokens.size(), k % 2 ? 0u : 6u);
+  }
+  for (auto& o : others) EXPECT_EQ(collect(*o, 1)[0].finish, FinishReason::length);
+  const EngineStats st = settled_stats(*e);
+  EXPECT_GT(st.preemptions, 0) << "the pool was meant to force preemptions";
+}
+
+// Bad prompt-log-prob requests fail at submit with the field named.
+TEST(Engine, PromptLogprobsRequestLimits) {
+  EngineConfig cfg;
+  cfg.n_threads = 1;
+  auto e = make_engine(cfg);
+  Request r = scoring_request({1, 5, 6}, 0, 21);
+  EXPECT_NE(e->submit(r).status().message().find("prompt_logprobs"), std::string::npos);
+  r = scoring_request({1, 5, 6}, 0, 2);
+  r.n = 2;
+  EXPECT_NE(e->submit(r).status().message().find("n:"), std::string::npos);
+  r = scoring_request({1, 5, 6}, 4, 2);
+  r.params.beam_width = 2;
+  EXPECT_NE(e->submit(r).status().message().find("beam"), std::string::npos);
+  r = greedy_request({1, 5, 6}, 1, 1);
+  r.params.max_tokens = 0;  // without prompt_logprobs, max_tokens 0 stays invalid
+  EXPECT_NE(e->submit(r).status().message().find("max_tokens"), std::string::npos);
+  // A one-token prompt has nothing to score: an empty list, then the tokens.
+  const Scored one = collect_scored(**e->submit(scoring_request({1}, 2, 1)));
+  EXPECT_TRUE(one.prompt_lp.empty());
+  EXPECT_EQ(one.sample.tokens.size(), 2u);
+}

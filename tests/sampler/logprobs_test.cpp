@@ -25,6 +25,7 @@ TEST(Logprobs, LogSoftmaxOfRawLogits) {
   EXPECT_NEAR(lp.top[0].logprob, -0.4401896985611957, 1e-6);
   EXPECT_EQ(lp.top[1].token, 2);
   EXPECT_NEAR(lp.top[1].logprob, -1.4401896985611957, 1e-6);
+  EXPECT_EQ(lp.rank, 3);  // logits 4 and 3 are above it
 }
 
 TEST(Logprobs, ZeroTopNStillGivesTheChosenToken) {
@@ -45,6 +46,9 @@ TEST(Logprobs, TiesOrderedByLowerTokenId) {
   EXPECT_EQ(lp.top[0].logprob, lp.top[1].logprob);
   EXPECT_NEAR(lp.top[2].logprob, -4.70559616237521, 1e-6);
   EXPECT_NEAR(lp.chosen.logprob, -0.7055961623752101, 1e-6);
+  EXPECT_EQ(lp.rank, 2);  // tied with token 1, which comes first
+  EXPECT_EQ(compute_logprobs(logits, 1, 0).rank, 1);
+  EXPECT_EQ(compute_logprobs(logits, 0, 0).rank, 4);
 }
 
 TEST(Logprobs, TopNLargerThanVocabularyReturnsAll) {
@@ -62,6 +66,7 @@ TEST(Logprobs, NaNAndInfiniteLogits) {
   const std::vector<float> logits = {std::numeric_limits<float>::quiet_NaN(), -inf, 0.0f, 0.0f};
   const TokenLogprobs lp = compute_logprobs(logits, 0, 4);
   EXPECT_EQ(lp.chosen.logprob, -inf);
+  EXPECT_EQ(lp.rank, 3);  // NaN counts as -inf: below tokens 2 and 3, tied with token 1 but a lower id
   EXPECT_NEAR(lp.top[0].logprob, std::log(0.5), 1e-6);  // tokens 2 and 3 share the mass
   EXPECT_EQ(lp.top[0].token, 2);
   EXPECT_EQ(lp.top[1].token, 3);

@@ -443,6 +443,30 @@ TEST(Scheduler, SecondRequestSkipsCachedPrefix) {
   EXPECT_EQ(h.s->num_cached_prompt_tokens(99), 0);
 }
 
+// A seq added with prefix_hits = false (prompt log-probs) computes its whole
+// prompt even when the cache holds it, in chunks of at most max_chunk, also
+// when recomputed after preemption; its blocks still serve later requests.
+TEST(Scheduler, NoPrefixHitsAndMaxChunk) {
+  Harness h(64, 16, config(256));
+  Toks a = range(1, 40);
+  h.add(req(1, a, 64));
+  EXPECT_EQ(brief(h.step()), "1:0+40*");
+  h.s->finish(1);
+  SeqRequest r = req(2, a, 64);
+  r.prefix_hits = false;
+  r.max_chunk = 16;
+  h.add(std::move(r));
+  EXPECT_EQ(brief(h.step()), "2:0+16");
+  EXPECT_EQ(brief(h.step()), "2:16+16");
+  h.s->requeue(2);  // recompute from 0 again, not from a hit
+  EXPECT_EQ(brief(h.step()), "2:0+16");
+  EXPECT_EQ(brief(h.step()), "2:16+16");
+  EXPECT_EQ(brief(h.step()), "2:32+8*");
+  EXPECT_EQ(h.s->num_cached_prompt_tokens(2), 0);
+  h.add(req(3, a, 64));  // a plain request still hits the cached blocks
+  EXPECT_EQ(brief(h.step()), "2:40+1* 3:32+8*");
+}
+
 TEST(Scheduler, ChunkedPrefillOffWaitsForTheWholePrompt) {
   SchedulerConfig c = config(16);
   c.enable_chunked_prefill = false;
