@@ -63,7 +63,7 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
   app.add_option("--host", host, "address to listen on");
   app.add_option("--port", port, "port (0: any free port)")->check(CLI::Range(0, 65535));
-  app.add_option("--api-key", api_keys, "require 'Authorization: Bearer KEY' (repeatable)");
+  app.add_option("--api-key", api_keys, "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (repeatable)");
   app.add_option("--api-key-file", api_key_file, "file with one API key per line");
   app.add_option("--chat-template", chat_template_file, "Jinja chat template file (overrides the model's)");
   std::string reasoning_format = "auto";
@@ -76,6 +76,11 @@ int cmd_serve(int argc, char** argv) {
                  "chat: split <think> blocks into reasoning_content: auto (when the template shows the model "
                  "reasons), deepseek (always), none (raw text)")
       ->check(CLI::IsMember({"auto", "deepseek", "none"}));
+  size_t responses_store = server::ServerConfig{}.responses_store_entries;
+  app.add_option("--responses-store", responses_store,
+                 "Responses API: responses kept in memory for previous_response_id (least recently used out; 0: "
+                 "none)")
+      ->check(CLI::Range((size_t)0, (size_t)1 << 20));
   app.add_option("--served-model-name", served_name, "model id in the API (default: general.name)");
   app.add_option("-a,--alias", aliases,
                  "another model id the API accepts and lists (repeatable); the file's name, with or without .gguf, "
@@ -166,6 +171,7 @@ int cmd_serve(int argc, char** argv) {
   scfg.api_keys = api_keys;
   scfg.reasoning_format = reasoning_format;
   scfg.tool_call_format = tool_call_format;
+  scfg.responses_store_entries = responses_store;
   scfg.shared_prefix_cache = shared_prefix_cache;
   scfg.engine_control = engine_control;
   scfg.model_name = served_name;

@@ -1,7 +1,9 @@
 #include "server/openai_server.h"
 
+#include "server/anthropic_api.h"
 #include "server/batch_api.h"
 #include "server/output_parser.h"
+#include "server/responses_api.h"
 
 #include <chrono>
 #include <cmath>
@@ -28,11 +30,13 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The key after "Bearer " in the Authorization header; empty when absent.
+// The key after "Bearer " in the Authorization header, else the x-api-key
+// header (Anthropic's clients); empty when absent.
 std::string bearer_token(const http::HttpRequest& req) {
   const std::string h = req.header("authorization");
   const std::string prefix = "Bearer ";
-  return h.rfind(prefix, 0) == 0 ? h.substr(prefix.size()) : std::string();
+  if (h.rfind(prefix, 0) == 0) return h.substr(prefix.size());
+  return req.header("x-api-key");
 }
 
 // Prefix-cache salt of an (authorized) request: one cache namespace per API
@@ -510,6 +514,7 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   s->parse_ctx_.max_model_len = info.max_model_len;
   s->parse_ctx_.limits = s->cfg_.limits;
   s->parse_ctx_.grammar_cache = &s->grammar_cache_;
+  s->responses_ = std::make_unique<ResponseStore>(s->cfg_.responses_store_entries);
   s->cfg_.observability.model_name = s->cfg_.model_name;
   auto obs = Observability::create(s->cfg_.observability);
   if (!obs.ok()) return obs.status();
@@ -578,14 +583,18 @@ void OpenAiServer::reaper_loop() {
 void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseChannel> raw_ch) {
   const std::string& path = req.path;
   auto obs = obs_->begin(req);
-  auto ch = obs_->wrap(std::move(raw_ch), obs);
+  // `plain` answers as is; `ch` is the route's error shape (Anthropic's on /v1/messages).
+  auto plain = obs_->wrap(std::move(raw_ch), obs);
+  const bool anthropic = path == "/v1/messages" || path == "/v1/messages/count_tokens";
+  std::shared_ptr<http::ResponseChannel> ch =
+      anthropic ? std::make_shared<ErrorShapeChannel>(plain, &anthropic_error_body) : plain;
   if (path == "/health") {
     if (req.method != "GET") return method_not_allowed(ch, "GET");
     return send_json(ch, 200, R"({"status":"ok"})");
   }
   const int key = key_index(req);
   if (key < 0)
-    return send_error(ch, ApiError{401, "missing or invalid API key (Authorization: Bearer ...)",
+    return send_error(ch, ApiError{401, "missing or invalid API key (Authorization: Bearer ..., or x-api-key)",
                                    "invalid_request_error", "", "invalid_api_key"});
   // Tenants are named by the position of their key (never the key itself).
   obs->set_tenant(cfg_.api_keys.empty() ? "anonymous" : "key" + std::to_string(key + 1));
@@ -624,6 +633,18 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!post) return method_not_allowed(ch, "POST");
     return handle_generate(req, std::move(ch), path == "/v1/chat/completions", std::move(obs));
+  }
+  if (anthropic) {
+    if (!post) return method_not_allowed(ch, "POST");
+    return handle_messages(req, plain, ch, path == "/v1/messages/count_tokens", std::move(obs));
+  }
+  if (path == "/v1/responses") {
+    if (!post) return method_not_allowed(ch, "POST");
+    return handle_responses(req, ch, std::move(obs));
+  }
+  if (path.rfind("/v1/responses/", 0) == 0) {
+    if (req.method != "GET" && req.method != "DELETE") return method_not_allowed(ch, "GET, DELETE");
+    return handle_stored_response(req, ch);
   }
   if (path == "/tokenize") {
     if (!post) return method_not_allowed(ch, "POST");
@@ -732,11 +753,17 @@ std::function<void()> OpenAiServer::execute_line(const LineCall& call, std::func
 }
 
 void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::shared_ptr<http::ResponseChannel> ch,
-                                   bool chat, std::shared_ptr<RequestObservation> obs, const InternalCall* internal) {
+                                   bool chat, std::shared_ptr<RequestObservation> obs, const InternalCall* internal,
+                                   ApiTranslator* translator) {
   obs->set_generation(false);
   auto parsed = parse_openai_request(http_req.body, chat, parse_ctx_);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
   ParsedRequest& r = std::get<ParsedRequest>(parsed);
+  if (translator) {
+    int64_t n = 0;
+    for (const auto& p : r.prompts) n += (int64_t)p.size();
+    translator->set_prompt_tokens(n);
+  }
   if (internal) {  // a batch line: one JSON response, behind interactive requests
     r.stream = false;
     r.include_usage = false;
@@ -836,6 +863,53 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
   // Events that arrived before the notifiers were set are drained here; the
   // job stays alive through jobs_ until it completes.
   job->pump();
+}
+
+void OpenAiServer::handle_messages(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& plain,
+                                   const std::shared_ptr<http::ResponseChannel>& ch, bool count_tokens,
+                                   std::shared_ptr<RequestObservation> obs) {
+  auto a = anthropic_to_chat(req.body, count_tokens, cfg_.limits.max_json_depth);
+  if (auto* e = std::get_if<ApiError>(&a)) return send_error(ch, *e);
+  AnthropicRequest& ar = std::get<AnthropicRequest>(a);
+  if (count_tokens) {
+    auto parsed = parse_openai_request(dump(ar.chat), true, parse_ctx_);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
+    return send_json(ch, 200, dump(json{{"input_tokens", std::get<ParsedRequest>(parsed).prompts[0].size()}}));
+  }
+  auto translator = std::make_shared<AnthropicTranslator>(ar.model);
+  http::HttpRequest chat_req = req;
+  chat_req.body = dump(ar.chat);
+  handle_generate(chat_req, std::make_shared<TranslatingChannel>(plain, translator), true, std::move(obs), nullptr,
+                  translator.get());
+}
+
+void OpenAiServer::handle_responses(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch,
+                                    std::shared_ptr<RequestObservation> obs) {
+  const std::string owner = owner_of(req);
+  auto parsed = responses_to_chat(req.body, cfg_.limits.max_json_depth, *responses_, owner);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
+  ResponsesRequest& rr = std::get<ResponsesRequest>(parsed);
+  http::HttpRequest chat_req = req;
+  chat_req.body = dump(rr.chat);
+  auto translator = std::make_shared<ResponsesTranslator>(std::move(rr), responses_.get(), owner);
+  handle_generate(chat_req, std::make_shared<TranslatingChannel>(ch, translator), true, std::move(obs), nullptr,
+                  translator.get());
+}
+
+void OpenAiServer::handle_stored_response(const http::HttpRequest& req,
+                                          const std::shared_ptr<http::ResponseChannel>& ch) {
+  const std::string id = req.path.substr(std::string("/v1/responses/").size());
+  const std::string owner = owner_of(req);
+  auto not_found = [&] {
+    send_error(ch, ApiError{404, "no stored response with id '" + id + "'", "invalid_request_error", "", "not_found"});
+  };
+  if (req.method == "DELETE") {
+    if (!responses_->erase(id, owner)) return not_found();
+    return send_json(ch, 200, dump(json{{"id", id}, {"object", "response"}, {"deleted", true}}));
+  }
+  auto e = responses_->get(id, owner);
+  if (!e) return not_found();
+  send_json(ch, 200, dump(e->response));
 }
 
 void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {

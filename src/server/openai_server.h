@@ -20,10 +20,12 @@
 #include <vector>
 
 #include "serval/engine.h"
+#include "server/api_translation.h"
 #include "server/batch_runner.h"
 #include "server/http_server.h"
 #include "server/observability.h"
 #include "server/openai_request.h"
+#include "server/responses_api.h"
 
 namespace serval::server {
 
@@ -45,6 +47,9 @@ struct ServerConfig {
   // grammar can write it), "generic" ({"name", "arguments"}), or a format
   // name (tool_call_format_name(): hermes, llama3_json, mistral, ...).
   std::string tool_call_format = "auto";
+  // Responses API: responses kept for previous_response_id and GET
+  // /v1/responses/{id} (least recently used out; 0 = none are kept).
+  size_t responses_store_entries = 1024;
   size_t max_inflight_requests = 256;        // accepted and not finished; past it: 429
   int64_t max_inflight_tokens = 1 << 20;     // sum of (prompt + max new tokens) x n in flight; past it: 429
   double request_timeout_s = 0;              // per-request deadline; 0 = none
@@ -90,8 +95,19 @@ class OpenAiServer {
     int32_t priority = 0;
     uint64_t salt = 0;
   };
+  // translator: an API served by translation (Messages, Responses) learns the prompt size here.
   void handle_generate(const http::HttpRequest& req, std::shared_ptr<http::ResponseChannel> ch, bool chat,
-                       std::shared_ptr<RequestObservation> obs, const InternalCall* internal = nullptr);
+                       std::shared_ptr<RequestObservation> obs, const InternalCall* internal = nullptr,
+                       ApiTranslator* translator = nullptr);
+  // POST /v1/messages, /v1/messages/count_tokens (anthropic_api.h): `plain`
+  // carries the translated answer, `ch` errors in Anthropic's shape.
+  void handle_messages(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& plain,
+                       const std::shared_ptr<http::ResponseChannel>& ch, bool count_tokens,
+                       std::shared_ptr<RequestObservation> obs);
+  // POST /v1/responses; GET and DELETE /v1/responses/{id} (responses_api.h).
+  void handle_responses(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch,
+                        std::shared_ptr<RequestObservation> obs);
+  void handle_stored_response(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void handle_engine_state(const std::shared_ptr<http::ResponseChannel>& ch);
   // POST /v1/engine/pause | resume | step ({"steps": n}, 1..1000): Engine's
   // stepping control, for deterministic tests and for operators holding a
@@ -120,6 +136,7 @@ class OpenAiServer {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
   std::unique_ptr<Observability> obs_;
+  std::unique_ptr<ResponseStore> responses_;  // stored Responses API responses (previous_response_id)
   BatchApi* batch_api_ = nullptr;
 
   mutable std::mutex mu_;  // guards the map below
