@@ -471,8 +471,9 @@ std::string ResponsesTranslator::translate_body(int status, const std::string& b
   if (msg.contains("reasoning_content") && msg["reasoning_content"].is_string())
     output_.push_back(reasoning_item(item_id("rs"), msg["reasoning_content"].get<std::string>(), true));
   if (msg.contains("content") && msg["content"].is_string() && !msg["content"].get<std::string>().empty())
+    // Cut by max_output_tokens only when it is the last item (no call follows).
     output_.push_back(message_item(item_id("msg"), msg["content"].get<std::string>(),
-                                   finish_ == "length" ? "incomplete" : "completed"));
+                                   finish_ == "length" && !msg.contains("tool_calls") ? "incomplete" : "completed"));
   if (msg.contains("tool_calls"))
     for (const json& tc : msg["tool_calls"])
       output_.push_back(function_call_item(item_id("fc"), item_id("call"), tc["function"]["name"],

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Runs node/openai_sdk_test.mjs (the official OpenAI Node SDK against
-`serval serve`): installs the SDK from node/package-lock.json with `npm ci`
-into a work folder (a build folder: nothing is written to the source tree),
-starts a server with an API key and runs the script.
+"""Runs node/openai_sdk_test.mjs and node/anthropic_sdk_test.mjs (the official
+OpenAI and Anthropic Node SDKs against `serval serve`): installs the SDKs from
+node/package-lock.json with `npm ci` into a work folder (a build folder:
+nothing is written to the source tree), starts a server with an API key and
+runs each script against it.
 
 Skips (prints SKIP, exits 0) only when `node` or `npm` is not installed; a
 failing `npm ci` (registry unreachable, bad lock file) is a failure.
@@ -26,7 +27,8 @@ from harness import Config, Server  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_SRC = os.path.join(HERE, "node")
-FILES = ("package.json", "package-lock.json", "openai_sdk_test.mjs")
+SCRIPTS = ("openai_sdk_test.mjs", "anthropic_sdk_test.mjs")
+FILES = ("package.json", "package-lock.json") + SCRIPTS
 NAME = "server_openai_node"
 
 
@@ -38,6 +40,7 @@ def main():
     a = ap.parse_args()
     Config.serval = os.path.abspath(a.serval)
     Config.shared = os.path.abspath(a.shared)
+    a.work = os.path.abspath(a.work)
     signal.signal(signal.SIGTERM, harness._on_signal)
     signal.signal(signal.SIGINT, harness._on_signal)
     sys.stdout.reconfigure(line_buffering=True)
@@ -83,11 +86,12 @@ def main():
                        SERVAL_GOLDEN=os.path.join(Config.shared, "golden", "stories260K-greedy.json"))
             env.pop("OPENAI_BASE_URL", None)
             env.pop("OPENAI_API_KEY", None)
-            p = subprocess.run([node, os.path.join(a.work, "openai_sdk_test.mjs")], cwd=a.work, env=env,
-                               timeout=180)
-            if p.returncode != 0:
+            rc = 0
+            for script in SCRIPTS:
+                p = subprocess.run([node, os.path.join(a.work, script)], cwd=a.work, env=env, timeout=240)
+                rc = rc or p.returncode
+            if rc != 0:
                 harness._print_log_tails()
-            rc = p.returncode
     except AssertionError as e:
         print(f"FAIL {NAME}: {e}")
         print(f"{NAME}: 0 passed, 1 failed")

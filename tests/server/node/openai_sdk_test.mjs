@@ -220,6 +220,142 @@ test('files + batches: upload, create, poll, download; bodies equal one-by-one r
   assert.equal(deleted.deleted, true);
 });
 
+// --- Responses API ---------------------------------------------------------
+
+const WEATHER_TOOL = {
+  type: 'function', name: 'get_weather', description: 'Weather in a city',
+  parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 12 } }, required: ['city'],
+                additionalProperties: false },
+};
+
+test('responses.create: greedy output equals chat completions', async () => {
+  const r = await client.responses.create({
+    model, instructions: 'Be brief.', input: 'Tell me a story about a cat.', max_output_tokens: 24, temperature: 0,
+  });
+  assert.equal(r.object, 'response');
+  assert.match(r.id, /^resp_/);
+  assert.ok(['completed', 'incomplete'].includes(r.status));
+  const chat = await client.chat.completions.create({
+    model, max_tokens: 24, temperature: 0,
+    messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Tell me a story about a cat.' }],
+  });
+  assert.equal(r.output_text, chat.choices[0].message.content);  // output_text: the SDK's join of output_text parts
+  assert.equal(r.status, chat.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed');
+  if (r.status === 'incomplete') assert.equal(r.incomplete_details.reason, 'max_output_tokens');
+  assert.equal(r.usage.input_tokens, chat.usage.prompt_tokens);
+  assert.equal(r.usage.output_tokens, chat.usage.completion_tokens);
+  assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+  assert.equal(r.instructions, 'Be brief.');
+  assert.equal(r.output[0].type, 'message');
+  assert.equal(r.output[0].role, 'assistant');
+});
+
+test('responses.create: streamed events reassemble to the non-streamed response', async () => {
+  const body = { model, input: [{ role: 'user', content: 'Tell me a story.' }], max_output_tokens: 20, temperature: 0 };
+  const whole = await client.responses.create(body);
+  const s = await client.responses.create({ ...body, stream: true });
+  const types = [], seqs = [];
+  let text = '', done = '', final = null;
+  for await (const ev of s) {
+    types.push(ev.type);
+    seqs.push(ev.sequence_number);
+    if (ev.type === 'response.output_text.delta') text += ev.delta;
+    if (ev.type === 'response.output_text.done') done = ev.text;
+    if (ev.type === 'response.completed' || ev.type === 'response.incomplete') final = ev.response;
+  }
+  assert.deepEqual(seqs, seqs.map((_, i) => i), 'sequence numbers count from 0');
+  assert.equal(types[0], 'response.created');
+  assert.equal(types[1], 'response.in_progress');
+  for (const t of ['response.output_item.added', 'response.content_part.added', 'response.content_part.done',
+                   'response.output_item.done'])
+    assert.ok(types.includes(t), `${t} in ${types.join(',')}`);
+  assert.equal(text, whole.output_text);
+  assert.equal(done, whole.output_text);
+  assert.equal(final.output[0].content[0].text, whole.output_text);
+  assert.equal(final.status, whole.status);
+  const { input_tokens_details: _a, ...finalUsage } = final.usage;  // cached_tokens differ: the prefix cache
+  const { input_tokens_details: _b, ...wholeUsage } = whole.usage;
+  assert.deepEqual(finalUsage, wholeUsage);
+  // The SDK's stream helper.
+  const helper = client.responses.stream(body);
+  let helperText = '';
+  helper.on('response.output_text.delta', (ev) => { helperText += ev.delta; });
+  const fin = await helper.finalResponse();
+  assert.equal(helperText, whole.output_text);
+  // (The helper's final response has no output_text unless a format is parsed: read the item.)
+  assert.equal(fin.output[0].content[0].text, whole.output_text);
+});
+
+test('responses: function tool round trip (stateless, and with previous_response_id)', async () => {
+  const input = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const r = await client.responses.create({ model, input, tools: [WEATHER_TOOL], tool_choice: 'required', temperature: 0 });
+  const calls = r.output.filter((o) => o.type === 'function_call');
+  assert.equal(calls.length, 1, JSON.stringify(r.output));
+  assert.equal(calls[0].name, 'get_weather');
+  assert.match(calls[0].call_id, /^call_/);
+  const args = JSON.parse(calls[0].arguments);
+  assert.equal(typeof args.city, 'string');
+  assert.ok(args.city.length <= 12);
+  const answer = { type: 'function_call_output', call_id: calls[0].call_id, output: '{"temperature": 21}' };
+  // Stateless: the client sends the whole conversation back.
+  const r2 = await client.responses.create({
+    model, input: [...input, ...r.output, answer], tools: [WEATHER_TOOL], max_output_tokens: 16, store: false,
+  });
+  assert.ok(['completed', 'incomplete'].includes(r2.status));
+  assert.equal(r2.output[0].type, 'message');
+  assert.equal(r2.store, false);
+  // Stateful: the server remembers the first turn.
+  const r3 = await client.responses.create({
+    model, previous_response_id: r.id, input: [answer], tools: [WEATHER_TOOL], max_output_tokens: 16, temperature: 0,
+  });
+  const r2g = await client.responses.create({
+    model, input: [...input, ...r.output, answer], tools: [WEATHER_TOOL], max_output_tokens: 16, temperature: 0,
+    store: false,
+  });
+  assert.equal(r3.previous_response_id, r.id);
+  assert.equal(r3.output_text, r2g.output_text, 'previous_response_id continues the same conversation');
+  assert.equal(r3.usage.input_tokens, r2g.usage.input_tokens);
+  // Streaming the call: argument deltas concatenate to the done arguments.
+  const s = await client.responses.create({ model, input, tools: [WEATHER_TOOL], tool_choice: 'required', stream: true });
+  let deltas = '', doneArgs = null, added = null;
+  for await (const ev of s) {
+    if (ev.type === 'response.output_item.added' && ev.item.type === 'function_call') added = ev.item;
+    if (ev.type === 'response.function_call_arguments.delta') deltas += ev.delta;
+    if (ev.type === 'response.function_call_arguments.done') doneArgs = ev.arguments;
+  }
+  assert.equal(added.name, 'get_weather');
+  assert.equal(deltas, doneArgs);
+  JSON.parse(doneArgs);
+  // A tool result for a call nobody made is refused.
+  await assert.rejects(
+    client.responses.create({ model, input: [{ type: 'function_call_output', call_id: 'call_nope', output: 'x' }] }),
+    (e) => e instanceof OpenAI.BadRequestError && /call_nope/.test(e.message));
+});
+
+test('responses: text.format json_schema, retrieve, delete, errors', async () => {
+  const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 10 }, age: { type: 'integer', minimum: 0, maximum: 99 } },
+                   required: ['name', 'age'], additionalProperties: false };
+  const r = await client.responses.create({
+    model, input: 'Describe a person.', text: { format: { type: 'json_schema', name: 'person', schema, strict: true } },
+  });
+  const obj = JSON.parse(r.output_text);
+  assert.deepEqual(Object.keys(obj).sort(), ['age', 'name']);
+  assert.ok(Number.isInteger(obj.age) && obj.age >= 0 && obj.age <= 99);
+  assert.equal(r.text.format.type, 'json_schema');
+  const got = await client.responses.retrieve(r.id);
+  assert.equal(got.id, r.id);
+  assert.equal(got.output_text, r.output_text);
+  const del = await client.responses.delete(r.id);  // typed void by the SDK; serval answers {id, deleted: true}
+  assert.equal(del?.deleted, true);
+  await assert.rejects(client.responses.retrieve(r.id), (e) => e instanceof OpenAI.NotFoundError);
+  await assert.rejects(client.responses.create({ model, input: 'x', previous_response_id: 'resp_unknown' }),
+                       (e) => e instanceof OpenAI.BadRequestError && e.param === 'previous_response_id');
+  await assert.rejects(client.responses.create({ model, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }] }),
+                       (e) => e instanceof OpenAI.BadRequestError && /input_image/.test(e.message));
+  await assert.rejects(client.responses.create({ model, input: 'x', tools: [{ type: 'web_search' }] }),
+                       (e) => e instanceof OpenAI.BadRequestError && /function tools/.test(e.message));
+});
+
 let passed = 0, failed = 0;
 for (const t of tests) {
   const t0 = Date.now();
