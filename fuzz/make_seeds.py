@@ -171,6 +171,40 @@ def main():
           '--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
           '--b\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
           'Content-Type: application/jsonl\r\n\r\n' + line + "\n" + chat + '\r\n--b--\r\n')
+    # api_translation: first byte = path (0 Anthropic request, 1 Responses
+    # request, 2/3 translators: Anthropic/Responses; bit 2 = count_tokens,
+    # owner, or a whole body; bit 3 = an error status).
+    msg = {"model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "s"}], "stop_sequences": ["x"],
+           "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"},
+           "messages": [{"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}]}]}
+    write("api_translation", "messages", b"\0" + json.dumps(msg).encode())
+    write("api_translation", "count_tokens", b"\4" + json.dumps({"model": "m", "messages": msg["messages"]}).encode())
+    resp = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "c1", "output": "r"}],
+            "instructions": "i", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},
+            "max_output_tokens": 9, "previous_response_id": None, "metadata": {"k": "v"}}
+    write("api_translation", "responses", b"\1" + json.dumps(resp).encode())
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+              {"choices": [{"index": 0, "delta": {"reasoning_content": "r"}}]},
+              {"choices": [{"index": 0, "delta": {"content": "a"}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{"}}]}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "x"}]},
+              {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 1}}},
+              {"error": {"message": "m", "type": "server_error", "param": None, "code": None}}]
+    stream = "\n".join(json.dumps(c) for c in chunks).encode()
+    write("api_translation", "anthropic_stream", b"\2" + stream)
+    write("api_translation", "responses_stream", b"\3" + stream)
+    whole = {"model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "a", "reasoning_content": "r",
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    write("api_translation", "anthropic_whole", b"\6" + json.dumps(whole).encode())
+    write("api_translation", "responses_whole", b"\7" + json.dumps(whole).encode())
     return 0
 
 

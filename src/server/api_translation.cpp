@@ -12,8 +12,18 @@ std::string sse_event(const std::string& name, const json& data) {
   return "event: " + name + "\ndata: " + dump(data) + "\n\n";
 }
 
+// The translators read serval's own chat output; should one still throw on
+// something unexpected, the client gets a server error, never a crash.
 void TranslatingChannel::send(int status, std::string content_type, std::string body, http::Headers extra) {
-  inner_->send(status, std::move(content_type), t_->translate_body(status, body), std::move(extra));
+  std::string out;
+  try {
+    out = t_->translate_body(status, body);
+  } catch (const std::exception& e) {
+    status = 500;
+    out = t_->translate_body(500, ApiError{500, std::string("response translation failed: ") + e.what(),
+                                           "server_error", "", ""}.body());
+  }
+  inner_->send(status, std::move(content_type), std::move(out), std::move(extra));
 }
 
 void TranslatingChannel::write(std::string data) {
@@ -33,7 +43,12 @@ void TranslatingChannel::write(std::string data) {
     }
     json chunk = json::parse(ev, nullptr, false);
     if (chunk.is_discarded()) continue;
-    out += t_->translate_chunk(chunk);
+    try {
+      out += t_->translate_chunk(chunk);
+    } catch (const std::exception& e) {
+      out += t_->translate_chunk(json::parse(
+          ApiError{500, std::string("stream translation failed: ") + e.what(), "server_error", "", ""}.body()));
+    }
   }
   if (!out.empty()) inner_->write(std::move(out));
 }

@@ -322,7 +322,8 @@ std::variant<ResponsesRequest, ApiError> responses_to_chat(const std::string& bo
         return bad("tool_choice", "expected 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}");
       if (m == "required" && tools.empty()) return bad("tool_choice", "'required' needs tools");
       if (!tools.empty()) chat["tool_choice"] = m;
-    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name") && tc["name"].is_string()) {
+    } else if (tc.is_object() && tc.contains("type") && tc["type"] == "function" && tc.contains("name") &&
+               tc["name"].is_string()) {
       if (tools.empty()) return bad("tool_choice", "names a function but there are no tools");
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
@@ -342,7 +343,8 @@ std::variant<ResponsesRequest, ApiError> responses_to_chat(const std::string& bo
       const std::string type = f["type"].get<std::string>();
       if (type == "json_schema") {
         if (!f.contains("schema")) return bad("text.format.schema", "required with type json_schema");
-        json js = {{"name", f.value("name", "response")}, {"schema", f["schema"]}};
+        if (f.contains("name") && !f["name"].is_string()) return bad("text.format.name", "expected a string");
+        json js = {{"name", f.contains("name") ? f["name"] : json("response")}, {"schema", f["schema"]}};
         if (f.contains("strict")) js["strict"] = f["strict"];
         chat["response_format"] = {{"type", "json_schema"}, {"json_schema", js}};
       } else if (type == "json_object") {
