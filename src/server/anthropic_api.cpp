@@ -251,15 +251,16 @@ std::string AnthropicTranslator::translate_body(int status, const std::string& b
   json chat = json::parse(body, nullptr, false);
   if (chat.is_discarded() || !chat.contains("choices") || chat["choices"].empty())
     return anthropic_error_body(500, body);
-  const json& choice = chat["choices"][0];
-  const json& msg = choice["message"];
+  // Copies: a missing member reads as null (const operator[] would not be safe).
+  json choice = chat["choices"][0];
+  json msg = choice["message"];
   json content = json::array();
   if (msg.contains("reasoning_content") && msg["reasoning_content"].is_string())
     content.push_back({{"type", "thinking"}, {"thinking", msg["reasoning_content"]}, {"signature", ""}});
   if (msg.contains("content") && msg["content"].is_string() && !msg["content"].get<std::string>().empty())
     content.push_back({{"type", "text"}, {"text", msg["content"]}});
   if (msg.contains("tool_calls"))
-    for (const json& tc : msg["tool_calls"]) {
+    for (json tc : msg["tool_calls"]) {
       json input = json::parse(tc["function"].value("arguments", "{}"), nullptr, false);
       if (input.is_discarded() || !input.is_object()) input = json::object();
       content.push_back(
@@ -274,7 +275,7 @@ std::string AnthropicTranslator::translate_body(int status, const std::string& b
     stop_reason = "stop_sequence";
     stop_sequence = choice["stop_reason"];
   }
-  const json& u = chat["usage"];
+  json u = chat["usage"];
   const int64_t prompt = u.value("prompt_tokens", int64_t{0});
   const int64_t cached = u.contains("prompt_tokens_details") ? u["prompt_tokens_details"].value("cached_tokens", int64_t{0}) : 0;
   json out = {{"id", id_},

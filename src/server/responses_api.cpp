@@ -466,8 +466,9 @@ std::string ResponsesTranslator::translate_body(int status, const std::string& b
   if (status >= 300) return rename_param(parse_openai_error(status, body)).body();
   json chat = json::parse(body, nullptr, false);
   if (chat.is_discarded() || !chat.contains("choices") || chat["choices"].empty()) return body;
-  const json& choice = chat["choices"][0];
-  const json& msg = choice["message"];
+  // Copies: a missing member reads as null (const operator[] would not be safe).
+  json choice = chat["choices"][0];
+  json msg = choice["message"];
   if (req_.echo["model"].is_null()) req_.echo["model"] = chat.value("model", "");
   finish_ = choice.value("finish_reason", "stop");
   if (msg.contains("reasoning_content") && msg["reasoning_content"].is_string())
@@ -477,7 +478,7 @@ std::string ResponsesTranslator::translate_body(int status, const std::string& b
     output_.push_back(message_item(item_id("msg"), msg["content"].get<std::string>(),
                                    finish_ == "length" && !msg.contains("tool_calls") ? "incomplete" : "completed"));
   if (msg.contains("tool_calls"))
-    for (const json& tc : msg["tool_calls"])
+    for (json tc : msg["tool_calls"])
       output_.push_back(function_call_item(item_id("fc"), item_id("call"), tc["function"]["name"],
                                            tc["function"].value("arguments", "{}"), "completed"));
   usage_ = usage_of(chat["usage"]);
