@@ -71,7 +71,7 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--tool-call-format", tool_call_format,
                  "tool calls: auto (the chat template's own format where the grammar can write it), generic "
                  "({\"name\", \"arguments\"}), or hermes, llama3_json, mistral, firefunction_v2, command_r, "
-                 "command_r7b, functionary_v3.1, deepseek_r1");
+                 "command_r7b, functionary_v3.1, functionary_v3.2, deepseek_r1");
   app.add_option("--reasoning-format", reasoning_format,
                  "chat: split <think> blocks into reasoning_content: auto (when the template shows the model "
                  "reasons), deepseek (always), none (raw text)")

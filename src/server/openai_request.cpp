@@ -311,6 +311,9 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
     // Templates usually write the BOS text themselves; add BOS only if not.
     const bool has_bos = !copt.bos_token.empty() && text->rfind(copt.bos_token, 0) == 0;
     std::vector<TokenId> ids = tok.encode(*text, /*add_special=*/!has_bos && tok.add_bos(), /*parse_special=*/true);
+    // Functionary v3.2's generation prompt opens the recipient (">>>").
+    if (r.tool_format == ToolCallFormat::functionary32 && text->size() >= 3 && text->compare(text->size() - 3, 3, ">>>") == 0)
+      r.tool_prefix = ">>>";
     r.prompts.push_back(std::move(ids));
     r.prompt_texts.push_back(*text);
   } else {

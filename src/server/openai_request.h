@@ -50,6 +50,7 @@ struct ParsedRequest {
   ToolMode tools = ToolMode::off;  // how to read the output (structured_output.h)
   ToolCallFormat tool_format = ToolCallFormat::none;  // with tools: calls in this native format (none: generic JSON)
   std::set<std::string> tool_names;                   // the declared functions
+  std::string tool_prefix;  // what the prompt already wrote of the call format (Functionary v3.2: ">>>")
   std::string constraint;                             // the field that constrains the output ("" if none)
 };
 

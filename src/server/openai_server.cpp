@@ -294,7 +294,7 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
       else if (ev.stop_token >= 0)
         c.stop_reason = ev.stop_token;
       if (req.tools != ToolMode::off && req.tool_format != ToolCallFormat::none) {
-        c.parsed = parse_tool_calls(req.tool_format, c.text, req.tool_names);
+        c.parsed = parse_tool_calls(req.tool_format, c.text, req.tool_names, req.tool_prefix);
         if (!c.parsed->calls.empty() && ev.finish == FinishReason::stop) c.finish = "tool_calls";
       } else if (req.tools != ToolMode::off && ev.finish == FinishReason::stop) {
         c.tool_call = parse_tool_call(c.text, random_id("call"));
@@ -423,6 +423,8 @@ struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
                              {"function", {{"name", k.name}, {"arguments", k.arguments}}}});
             ch_json["message"]["content"] = c.parsed->content.empty() ? json(nullptr) : json(c.parsed->content);
             ch_json["message"]["tool_calls"] = std::move(tcs);
+          } else if (c.parsed) {
+            ch_json["message"]["content"] = c.parsed->content;  // the text as the format has it (v3.2: no "all\n")
           }
           ch_json["logprobs"] = req.logprobs ? json{{"content", c.logprobs_content}} : json(nullptr);
         } else {
@@ -504,7 +506,8 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
         s->parse_ctx_.tool_format = (ToolCallFormat)k, found = true;
     if (!found)
       return invalid_argument("tool-call format: expected auto, generic, hermes, llama3_json, mistral, "
-                              "firefunction_v2, command_r, command_r7b, functionary_v3.1 or deepseek_r1, got '" + tf + "'");
+                              "firefunction_v2, command_r, command_r7b, functionary_v3.1, functionary_v3.2 or "
+                              "deepseek_r1, got '" + tf + "'");
   }
   s->parse_ctx_.tok = &engine.tokenizer();
   s->parse_ctx_.chat_template = s->chat_template_ ? &*s->chat_template_ : nullptr;
@@ -816,7 +819,7 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
     for (size_t i = 0; i < job->choices.size(); ++i)
       job->choices[i].think.emplace(prompt_opens_reasoning(r.prompt_texts[i / (size_t)r.n]));
   if (r.chat && r.tools != ToolMode::off && r.tool_format != ToolCallFormat::none && r.stream)
-    for (auto& c : job->choices) c.native.emplace(r.tool_format, r.tool_names);
+    for (auto& c : job->choices) c.native.emplace(r.tool_format, r.tool_names, r.tool_prefix);
   if (cfg_.request_timeout_s > 0)
     job->deadline = clock_type::now() + std::chrono::milliseconds((int64_t)(cfg_.request_timeout_s * 1000));
   job->req = std::move(r);

@@ -407,9 +407,17 @@ std::vector<std::string_view> open_markers(ToolCallFormat f) {
   return {};
 }
 
-Scanned scan_output(ToolCallFormat f, std::string_view s, const std::set<std::string>& names, bool final) {
+// s = the implied prefix (its first `implied` bytes: what the prompt already
+// wrote, e.g. Functionary v3.2's ">>>") + the output; text never includes the
+// implied bytes.
+Scanned scan_output(ToolCallFormat f, std::string_view s, const std::set<std::string>& names, bool final,
+                    size_t implied = 0) {
   Scanned r;
   const auto markers = open_markers(f);
+  auto text = [&](size_t from, size_t to) {
+    from = std::max(from, implied);
+    if (to > from) r.out.content += s.substr(from, to - from);
+  };
   size_t pos = 0;
   while (pos < s.size()) {
     // The next opening marker (llama3_json: "{" only at the start of the output).
@@ -429,11 +437,24 @@ Scanned scan_output(ToolCallFormat f, std::string_view s, const std::set<std::st
         for (std::string_view m : markers)
           if (m != "{") hold = std::max(hold, partial_suffix(s.substr(pos), m));
       if (!final && f == ToolCallFormat::llama3_json && r.out.content.empty() && pos == 0 && only_space(s)) hold = s.size();
-      r.out.content += s.substr(pos, s.size() - pos - hold);
+      text(pos, s.size() - hold);
       r.settled = r.out.content.size();
       return r;
     }
-    r.out.content += s.substr(pos, at - pos);
+    text(pos, at);
+    if (f == ToolCallFormat::functionary32) {
+      // ">>>all\n" addresses the user: what follows is text.
+      constexpr std::string_view kAll = "all\n";
+      const std::string_view rest = s.substr(at + mlen);
+      if (rest.substr(0, kAll.size()) == kAll) {
+        pos = at + mlen + kAll.size();
+        continue;
+      }
+      if (!final && rest.size() < kAll.size() && kAll.substr(0, rest.size()) == rest) {
+        r.settled = r.out.content.size();
+        return r;
+      }
+    }
     std::vector<ToolCall> calls;
     size_t end = 0;
     const Scan st = scan_block(f, s, at + mlen, names, calls, end);
@@ -451,19 +472,19 @@ Scanned scan_output(ToolCallFormat f, std::string_view s, const std::set<std::st
       // A call cut off by the end of the output still counts once its name is known.
       r.out.calls.insert(r.out.calls.end(), calls.begin(), calls.end());
       r.partial_call = true;
-      if (final && calls.empty()) r.out.content += s.substr(at);
+      if (final && calls.empty()) text(at, s.size());
       if (final) r.settled = r.out.content.size();
       return r;
     }
     if (st == Scan::done) {
       // Arguments that are not JSON: the whole block is text.
-      r.out.content += s.substr(at, end - at);
+      text(at, end);
       pos = end;
       continue;
     }
     // Not a call after all: the marker is text.
     const size_t step = std::max<size_t>(mlen, 1);
-    r.out.content += s.substr(at, step);
+    text(at, at + step);
     pos = at + step;
   }
   r.settled = r.out.content.size();
@@ -472,9 +493,11 @@ Scanned scan_output(ToolCallFormat f, std::string_view s, const std::set<std::st
 
 }  // namespace
 
-ParsedOutput parse_tool_calls(ToolCallFormat f, std::string_view text, const std::set<std::string>& names) {
+ParsedOutput parse_tool_calls(ToolCallFormat f, std::string_view text, const std::set<std::string>& names,
+                              std::string_view implied_prefix) {
   if (f == ToolCallFormat::none) return {std::string(text), {}};
-  ParsedOutput out = scan_output(f, text, names, true).out;
+  const std::string full = std::string(implied_prefix) + std::string(text);
+  ParsedOutput out = scan_output(f, full, names, true, implied_prefix.size()).out;
   if (!out.calls.empty()) {
     // Whitespace around calls is layout, not an answer.
     if (only_space(out.content)) out.content.clear();
@@ -482,7 +505,8 @@ ParsedOutput parse_tool_calls(ToolCallFormat f, std::string_view text, const std
   return out;
 }
 
-ToolCallStreamer::ToolCallStreamer(ToolCallFormat f, std::set<std::string> names) : f_(f), names_(std::move(names)) {}
+ToolCallStreamer::ToolCallStreamer(ToolCallFormat f, std::set<std::string> names, std::string implied_prefix)
+    : f_(f), names_(std::move(names)), text_(implied_prefix), implied_(implied_prefix.size()) {}
 
 ToolCallDelta ToolCallStreamer::diff(const ParsedOutput& now, size_t content_ready) {
   ToolCallDelta d;
@@ -513,7 +537,7 @@ ToolCallDelta ToolCallStreamer::feed(std::string_view text) {
     sent_content_ += text.size();
     return d;
   }
-  Scanned s = scan_output(f_, text_, names_, false);
+  Scanned s = scan_output(f_, text_, names_, false, implied_);
   // Leading whitespace before a call is not sent until it is known to be text.
   size_t ready = s.settled;
   if (only_space(std::string_view(s.out.content).substr(0, ready))) ready = sent_content_;
@@ -522,7 +546,7 @@ ToolCallDelta ToolCallStreamer::feed(std::string_view text) {
 
 ToolCallDelta ToolCallStreamer::finish() {
   if (f_ == ToolCallFormat::none) return {};
-  ParsedOutput p = parse_tool_calls(f_, text_, names_);
+  ParsedOutput p = parse_tool_calls(f_, std::string_view(text_).substr(implied_), names_, text_.substr(0, implied_));
   return diff(p, p.content.size());
 }
 

@@ -13,7 +13,8 @@
 //   llama3_json   {"name": .., "parameters": {..}}, optionally after <|python_tag|> (Llama 3.1-3.3)
 //   mistral       [TOOL_CALLS][{"name": .., "arguments": {..}}, ...] (Mistral Nemo)
 //   functionary31 <function=NAME>{..}</function> (Functionary v3.1)
-//   functionary32 >>>NAME\n{..} (Functionary v3.2; >>>all\n is text)
+//   functionary32 >>>NAME\n{..} (Functionary v3.2; >>>all\n opens text; the
+//                 generation prompt writes the first ">>>": implied_prefix)
 //   command_r     Action: ```json [{"tool_name": .., "parameters": {..}}] ``` (Command-R+)
 //   command_r7b   <|START_ACTION|>[{"tool_name": .., "parameters": {..}}]<|END_ACTION|>
 //   deepseek_r1   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
@@ -89,7 +90,11 @@ struct ParsedOutput {
 };
 
 // `names`: the declared functions (empty: any name is accepted).
-ParsedOutput parse_tool_calls(ToolCallFormat f, std::string_view text, const std::set<std::string>& names = {});
+// implied_prefix: what the prompt already wrote of the output's format
+// (Functionary v3.2's generation prompt ends with ">>>", the output starts
+// with the recipient); it is scanned as if output but never returned as text.
+ParsedOutput parse_tool_calls(ToolCallFormat f, std::string_view text, const std::set<std::string>& names = {},
+                              std::string_view implied_prefix = {});
 
 struct ToolCallDelta {
   std::string content;  // text to show
@@ -103,7 +108,7 @@ struct ToolCallDelta {
 
 class ToolCallStreamer {
  public:
-  ToolCallStreamer(ToolCallFormat f, std::set<std::string> names = {});
+  ToolCallStreamer(ToolCallFormat f, std::set<std::string> names = {}, std::string implied_prefix = {});
   ToolCallDelta feed(std::string_view text);
   ToolCallDelta finish();  // the end of the output: anything held back is settled
   size_t n_calls() const { return sent_args_.size(); }
@@ -112,7 +117,8 @@ class ToolCallStreamer {
   ToolCallDelta diff(const ParsedOutput& now, size_t content_ready);
   ToolCallFormat f_;
   std::set<std::string> names_;
-  std::string text_;
+  std::string text_;  // the implied prefix, then the output so far
+  size_t implied_ = 0;
   size_t sent_content_ = 0;
   std::vector<size_t> sent_args_;
 };

@@ -71,11 +71,16 @@ struct NamedWrap {
   const char* after;
   const char* suffix;
   const char* first;  // how a call starts (auto: text must not)
+  // Auto: text starts with this instead (Functionary v3.2 writes "all\n"
+  // where the prompt's ">>>" expects a recipient); nullptr: not `first`.
+  const char* text_prefix = nullptr;
 };
 
 std::optional<NamedWrap> named_wrap(ToolCallFormat f) {
   switch (f) {
     case ToolCallFormat::functionary31: return NamedWrap{"<function=", ">", "</function>", "<function="};
+    // The generation prompt ends with ">>>": the output starts with the recipient.
+    case ToolCallFormat::functionary32: return NamedWrap{"", "\n", "", "", "all\n"};
     case ToolCallFormat::deepseek_r1:
       return NamedWrap{"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>", "\n```json\n",
                        "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "<｜tool▁calls▁begin｜>"};
@@ -141,10 +146,10 @@ Expected<GrammarPtr> named_tools_grammar(const std::vector<std::pair<std::string
     while (std::getline(in, line))
       if (!line.empty() && seen.insert(line).second) rules += line + "\n";
     calls += (calls.empty() ? "" : " | ") + gbnf_literal(std::string(w.before) + tools[i].first + w.after) + " " +
-             prefix + "root " + gbnf_literal(w.suffix);
+             prefix + "root" + (*w.suffix ? " " + gbnf_literal(w.suffix) : std::string());
   }
-  std::string src = optional ? "root ::= tool-call | auto-text\nauto-text ::= " + not_starting_with(w.first) + "\n"
-                             : "root ::= tool-call\n";
+  const std::string text_rule = w.text_prefix ? gbnf_literal(w.text_prefix) + " .*" : not_starting_with(w.first);
+  std::string src = optional ? "root ::= tool-call | auto-text\nauto-text ::= " + text_rule + "\n" : "root ::= tool-call\n";
   return compile_gbnf(src + "tool-call ::= " + calls + "\n" + rules);
 }
 

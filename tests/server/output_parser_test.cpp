@@ -112,6 +112,7 @@ struct CallCase {
   // A stream cannot take back a call it has started: outputs whose call
   // turns out malformed only after its header are exact only as a whole.
   bool streams_exactly = true;
+  std::string implied = {};  // what the generation prompt already wrote (Functionary v3.2: ">>>")
 };
 
 const std::set<std::string> kNames = {"get_weather", "add"};
@@ -143,7 +144,14 @@ std::vector<CallCase> call_cases() {
       {F::functionary31, "<function=get_weather>{\"city\": </function>", "<function=get_weather>{\"city\": </function>", {}, false},
       {F::hermes, "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1,}}</tool_call>", "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1,}}</tool_call>", {}, false},
       {F::functionary32, ">>>get_weather\n" + W, "", {{"get_weather", W}}},
-      {F::functionary32, ">>>all\nHello there", ">>>all\nHello there", {}},
+      {F::functionary32, ">>>all\nHello there", "Hello there", {}},  // "all" is the user: text
+      // v3.2's generation prompt ends with ">>>": the output starts with the recipient.
+      {F::functionary32, "get_weather\n" + W, "", {{"get_weather", W}}, true, ">>>"},
+      {F::functionary32, "all\nIt is sunny.", "It is sunny.", {}, true, ">>>"},
+      {F::functionary32, "all\nLet me check.>>>get_weather\n" + W, "Let me check.", {{"get_weather", W}}, true, ">>>"},
+      {F::functionary32, "get_weather\n" + W + ">>>add\n{\"a\": 1}", "", {{"get_weather", W}, {"add", R"({"a": 1})"}},
+       true, ">>>"},
+      {F::functionary32, "Hello", "Hello", {}, true, ">>>"},  // no recipient: text, without the prompt's ">>>"
       // Command-R+ and R7B.
       {F::command_r, "Action: ```json\n[\n    {\n        \"tool_name\": \"get_weather\",\n        \"parameters\": " + W + "\n    }\n]\n```", "", {{"get_weather", W}}},
       {F::command_r7b, "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"add\", \"parameters\": {\"a\": 5, \"b\": 6}}]<|END_ACTION|>", "",
@@ -159,7 +167,7 @@ std::vector<CallCase> call_cases() {
 
 TEST(ToolCalls, ParsesEachFormat) {
   for (const CallCase& c : call_cases()) {
-    const ParsedOutput p = parse_tool_calls(c.f, c.text, kNames);
+    const ParsedOutput p = parse_tool_calls(c.f, c.text, kNames, c.implied);
     EXPECT_EQ(p.content, c.content) << tool_call_format_name(c.f) << ": " << c.text;
     EXPECT_EQ(p.calls, c.calls) << tool_call_format_name(c.f) << ": " << c.text;
   }
@@ -170,7 +178,7 @@ TEST(ToolCalls, StreamingDeltasReassemble) {
   for (const CallCase& c : call_cases()) {
     if (!c.streams_exactly) continue;
     for (int trial = 0; trial < 40; ++trial) {
-      ToolCallStreamer s(c.f, kNames);
+      ToolCallStreamer s(c.f, kNames, c.implied);
       std::string content;
       std::vector<ToolCall> calls;
       auto apply = [&](const ToolCallDelta& d) {
@@ -191,7 +199,7 @@ TEST(ToolCalls, StreamingDeltasReassemble) {
         i += n;
       }
       apply(s.finish());
-      const ParsedOutput whole = parse_tool_calls(c.f, c.text, kNames);
+      const ParsedOutput whole = parse_tool_calls(c.f, c.text, kNames, c.implied);
       ASSERT_EQ(content, whole.content) << tool_call_format_name(c.f) << ": " << c.text;
       ASSERT_EQ(calls, whole.calls) << tool_call_format_name(c.f) << ": " << c.text;
     }

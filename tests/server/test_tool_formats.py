@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Tool calls in each chat template's own format: with a template from
 ../shared/chat-templates whose format the tool grammar can produce (Hermes,
-Qwen 2.5, Llama 3.x JSON, Mistral, Functionary v3.1 and DeepSeek-R1 — the
-last two with the function name outside the JSON; FireFunction's template needs a
+Qwen 2.5, Llama 3.x JSON, Mistral, Functionary v3.1/v3.2 and DeepSeek-R1 —
+the last three with the function name outside the JSON, v3.2's after the
+">>>" its generation prompt ends with; FireFunction's template needs a
 `functions` variable of its own and Command-R7B's preamble alone is longer
 than stories260K's context: both are covered by the parser tables), the constrained
 output is written the way that model writes calls, the server parses it back
@@ -36,6 +37,7 @@ TEMPLATES = {
     "llama3": "meta-llama-Llama-3.1-8B-Instruct.jinja",
     "mistral": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
     "functionary31": "meetkai-functionary-medium-v3.1.jinja",
+    "functionary32": "meetkai-functionary-medium-v3.2.jinja",
     "deepseek_r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
 }
 RAW_MARKERS = {"hermes": "<tool_call>", "qwen": "<tool_call>", "mistral": "[TOOL_CALLS]",
@@ -133,6 +135,25 @@ def raw_text_is_the_templates_format(ctx):
         r = post(port, H, body(logprobs=True))
         toks = "".join(t["token"] for t in r.json()["choices"][0]["logprobs"]["content"])
         check(marker in toks, f"{key}: raw output {toks[:80]!r} carries {marker!r}")
+
+
+@suite.test
+def functionary_v32_writes_the_recipient(ctx):
+    # The prompt ends with ">>>": a call is "NAME\n{args}", text is "all\n..." (returned without "all\n").
+    port = ctx.ports["functionary32"]
+    r = post(port, H, body(logprobs=True)).json()["choices"][0]
+    toks = "".join(t["token"] for t in r["logprobs"]["content"])
+    name = r["message"]["tool_calls"][0]["function"]["name"]
+    check(toks.startswith(name + "\n{"), f"raw output {toks[:60]!r} starts with the recipient")
+    texts = 0
+    for seed in range(12):
+        c = post(port, H, body(tool_choice="auto", seed=seed, max_tokens=40, logprobs=True)).json()["choices"][0]
+        if c["finish_reason"] != "tool_calls":
+            toks = "".join(t["token"] for t in c["logprobs"]["content"])
+            check(toks.startswith("all\n"), f"text answer written to 'all': {toks[:40]!r}")
+            eq(c["message"]["content"], toks[len("all\n"):], "content without the recipient")
+            texts += 1
+    check(texts > 0, "some auto answers are text")
 
 
 @suite.test
