@@ -46,6 +46,19 @@ double decode_step_seconds(const Profile& p, int64_t b, int64_t depth) {
   return step_seconds(p, b, (double)b * attn_pairs_of(depth, 1), 0, b);
 }
 
+Profile scaled(const Profile& p, double factor) {
+  Profile q = p;
+  for (auto* v : {&q.prefill, &q.matmul, &q.per_seq})
+    for (ChunkPoint& c : *v) c.seconds *= factor;
+  for (DecodePoint& d : q.decode) d.seconds *= factor;
+  for (EnginePoint& e : q.engine) e.itl_s *= factor;
+  q.attn_decode_s_per_pair *= factor;
+  q.attn_prefill_s_per_pair *= factor;
+  q.engine_step_s *= factor;
+  q.engine_seq_s *= factor;
+  return q;
+}
+
 double chunk_step_seconds(const Profile& p, int64_t n, int64_t start) {
   return n == 1 ? step_seconds(p, 1, attn_pairs_of(start, 1), 0, 1)
                 : step_seconds(p, n, 0, attn_pairs_of(start, n), 1);

@@ -127,6 +127,12 @@ inline double attn_pairs_of(int64_t start, int64_t n) {
 // when the points cannot be fitted.
 Status fit_step_model(Profile* p);
 
+// The profile of the same machine running `factor` times slower (every
+// measured and fitted time multiplied by it): a profile re-calibrated to the
+// machine's speed at another moment (`serval plan --validate` measures the
+// factor just before the run). factor > 0.
+Profile scaled(const Profile& p, double factor);
+
 nlohmann::json to_json(const Profile& p);
 // Validates every field (ranges, sorted points, a fitted model); the error
 // names the field.

@@ -262,6 +262,26 @@ TEST(Profile, FitRecoversTheStepModel) {
   EXPECT_NEAR(step_seconds(*back, 77, 5000, 9000, 3), step_seconds(p, 77, 5000, 9000, 3), 1e-12);
 }
 
+// A machine running f times slower: every step f times longer, so a
+// lightly loaded replica's latencies scale by f (the batching is the same).
+TEST(Profile, ScaledIsTheSameMachineSlower) {
+  const Profile p = synthetic_profile();
+  const Profile q = scaled(p, 1.25);
+  for (int n : {1, 7, 64, 900})
+    EXPECT_NEAR(step_seconds(q, n, 300, 4000, 3), 1.25 * step_seconds(p, n, 300, 4000, 3), 1e-12) << n;
+  EXPECT_NEAR(decode_step_seconds(q, 4, 100), 1.25 * decode_step_seconds(p, 4, 100), 1e-12);
+  EngineShape shape;
+  shape.kv_blocks = 4096;
+  Workload w;
+  w.rate = 0.05;  // one request at a time: nothing batches
+  w.n_requests = 20;
+  w.lengths = {{64, 32}};
+  const Prediction a = simulate(p, shape, w), b = simulate(q, shape, w);
+  EXPECT_EQ(a.steps, b.steps);
+  EXPECT_NEAR(b.itl.p50, 1.25 * a.itl.p50, 1e-9);
+  EXPECT_NEAR(b.ttft.p50, 1.25 * a.ttft.p50, 1e-9);
+}
+
 TEST(Profile, RejectsMalformedFiles) {
   const nlohmann::json good = to_json(synthetic_profile());
   ASSERT_TRUE(profile_from_json(good).ok()) << profile_from_json(good).status().message();

@@ -52,6 +52,12 @@ def validate_replays_the_workload(_):
             steps1 = metric(srv.port, "serval_engine_steps_total")
             check(m["engine_steps"] <= steps1 - steps0, "steps counted beyond what the server did")
             check(m["engine_busy_s"] > 0, f"engine busy seconds {m['engine_busy_s']}")
+            # Calibration: lone requests just before and after the run, against the profile's batch-1 step (on
+            # this tiny model HTTP dominates the inter-token time, so only their presence is checked here).
+            cal = v["calibration"]
+            check(cal["drift_before"] and cal["drift_before"] > 0 and cal["drift_after"] and cal["drift_after"] > 0,
+                  f"calibration ratios {cal}")
+            check("itl_s" in v["predicted_uncalibrated"], "the uncalibrated prediction is reported too")
             # The replay sends at the modelled arrival times: with a server this fast, the run lasts the arrivals'
             # span, so requests/s agree although every latency here is HTTP, not engine.
             ratio = m["requests_per_s"] / p["requests_per_s"]
