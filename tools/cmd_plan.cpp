@@ -524,10 +524,11 @@ int cmd_plan_predict(int argc, char** argv) {
                "predicted against measured");
   app.add_option("--url", url, "with --validate: the server, http://host:port");
   app.add_option("--api-key", api_key, "with --validate: sent as 'Authorization: Bearer KEY'");
-  bool no_calibrate = false;
-  app.add_flag("--no-calibrate", no_calibrate,
-               "with --validate: predict from the profile as measured, not rescaled to the machine's speed measured "
-               "just before the run (three lone requests' inter-token latency against the profile's batch-1 decode step)");
+  bool calibrate = false;
+  app.add_flag("--calibrate", calibrate,
+               "with --validate: predict from the profile rescaled to the machine's speed measured just before the run "
+               "(three lone requests' inter-token latency against the profile's batch-1 decode step; the ratio is "
+               "measured and reported before and after the run either way)");
   if (auto rc = parse(app, argc, argv)) return *rc;
 
   if (!(rate > 0) || !std::isfinite(rate) || rate > 1e6)
@@ -591,10 +592,11 @@ int cmd_plan_predict(int argc, char** argv) {
   double engine_steps = -1, engine_busy_s = -1;  // from the server's /metrics (-1: not available)
   // Calibration: the machine's speed just before (and after) the run, as the
   // ratio of a lone request's median inter-token latency to the profile's
-  // batch-1 decode step (0: not measured). The prediction shown against the
-  // measurement uses the profile scaled by the `before` ratio.
+  // batch-1 decode step (0: not measured). With --calibrate the prediction
+  // shown against the measurement uses the profile scaled by the `before` ratio.
   double drift_before = 0, drift_after = 0;
   plan::Prediction pred_uncalibrated = pred;
+  std::optional<plan::Prediction> pred_calibrated;
   if (validate) {
     bench_http::Options bo;
     bo.url = url;
@@ -636,12 +638,12 @@ int cmd_plan_predict(int argc, char** argv) {
       const double want = plan::decode_step_seconds(p, 1, (int64_t)prompt_len + gen_len / 2);
       return want > 0 ? plan::percentiles_of(c->itl).p50 / want : 0;
     };
-    if (!no_calibrate) drift_before = probe();
+    drift_before = probe();
     const auto before = scrape();
     auto r = bench_http::run_load(bo, *target, bo.concurrency[0]);
     if (!r.ok()) return fail(cmd, r.status().message(), 1);
     const auto after = scrape();
-    if (!no_calibrate) drift_after = probe();
+    drift_after = probe();
     if (before && after) {
       engine_steps = after->first - before->first;
       engine_busy_s = after->second - before->second;
@@ -653,7 +655,8 @@ int cmd_plan_predict(int argc, char** argv) {
     wm.lengths = {{(int32_t)std::lround(measured_prompt), gen_len}};
     if (plan::validate_inputs(shape, wm).ok()) {
       pred_uncalibrated = plan::simulate(p, shape, wm);
-      pred_at_measured = drift_before > 0 ? plan::simulate(plan::scaled(p, drift_before), shape, wm) : pred_uncalibrated;
+      if (drift_before > 0) pred_calibrated = plan::simulate(plan::scaled(p, drift_before), shape, wm);
+      pred_at_measured = calibrate && pred_calibrated ? *pred_calibrated : pred_uncalibrated;
     }
   }
 
@@ -698,8 +701,10 @@ int cmd_plan_predict(int argc, char** argv) {
       j["validation"]["predicted"]["steps"] = pred_at_measured.steps;
       j["validation"]["predicted"]["busy_s"] = pred_at_measured.busy_frac * pred_at_measured.duration_s;
       j["validation"]["calibration"] = {{"drift_before", drift_before > 0 ? json(drift_before) : json(nullptr)},
-                                        {"drift_after", drift_after > 0 ? json(drift_after) : json(nullptr)}};
+                                        {"drift_after", drift_after > 0 ? json(drift_after) : json(nullptr)},
+                                        {"applied", calibrate && pred_calibrated.has_value()}};
       j["validation"]["predicted_uncalibrated"] = prediction_json(pred_uncalibrated);
+      j["validation"]["predicted_calibrated"] = pred_calibrated ? prediction_json(*pred_calibrated) : json(nullptr);
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -747,9 +752,13 @@ int cmd_plan_predict(int argc, char** argv) {
                 "predicted at that length):\n",
                 url.c_str(), (long long)m.completed, requests, measured_prompt);
     if (drift_before > 0)
-      std::printf("  calibration: steps ran %.3fx the profile's just before the run (%.3fx just after); the prediction "
-                  "below uses the profile scaled by %.3f (--no-calibrate: as measured)\n",
-                  drift_before, drift_after, drift_before);
+      std::printf("  machine speed: a lone request's steps ran %.3fx the profile's just before the run, %.3fx just "
+                  "after%s\n",
+                  drift_before, drift_after,
+                  calibrate ? "; the prediction below uses the profile scaled by the first"
+                            : (std::fabs(drift_after / drift_before - 1) > 0.1 || std::fabs(drift_before - 1) > 0.1
+                                   ? " — the machine is not running at the profile's speed: expect latency errors"
+                                   : ""));
     std::printf("  %-16s %12s %12s %8s\n", "", "predicted", "measured", "error");
     auto row = [](const char* name, double pr, double me) {
       std::printf("  %-16s %12.4g %12.4g %+7.1f%%\n", name, pr, me, me != 0 ? 100 * (pr - me) / me : 0.0);

@@ -57,7 +57,11 @@ def validate_replays_the_workload(_):
             cal = v["calibration"]
             check(cal["drift_before"] and cal["drift_before"] > 0 and cal["drift_after"] and cal["drift_after"] > 0,
                   f"calibration ratios {cal}")
-            check("itl_s" in v["predicted_uncalibrated"], "the uncalibrated prediction is reported too")
+            check("itl_s" in v["predicted_uncalibrated"] and "itl_s" in v["predicted_calibrated"],
+                  "both predictions are reported")
+            eq(cal["applied"], False, "calibration applied only with --calibrate")
+            for k in ("ttft_s", "itl_s", "requests_per_s"):
+                eq(v["predicted"][k], v["predicted_uncalibrated"][k], f"the prediction shown is the profile's own ({k})")
             # The replay sends at the modelled arrival times: with a server this fast, the run lasts the arrivals'
             # span, so requests/s agree although every latency here is HTTP, not engine.
             ratio = m["requests_per_s"] / p["requests_per_s"]
