@@ -6,6 +6,7 @@
 namespace serval::cli {
 
 int cmd_run(int argc, char** argv);
+int cmd_chat(int argc, char** argv);  // serval chat: interactive terminal chat
 int cmd_tokenize(int argc, char** argv);
 int cmd_gguf(int argc, char** argv);
 int cmd_bench(int argc, char** argv);

@@ -14,6 +14,7 @@ void usage(FILE* f) {
                "commands:\n"
                "  serve      serve a model behind an OpenAI-compatible HTTP API\n"
                "  run        generate text from a prompt (streams to stdout)\n"
+               "  chat       chat with a model in the terminal (its chat template; /help inside)\n"
                "  tokenize   print the token ids (and pieces) of a text\n"
                "  gguf       inspect (info) or synthesize (synth) GGUF files\n"
                "  quantize   quantize a GGUF model (Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, IQ4_NL, ...)\n"
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   std::string name = "serval " + cmd;
   argv[1] = name.data();
   if (cmd == "run") return serval::cli::cmd_run(argc - 1, argv + 1);
+  if (cmd == "chat") return serval::cli::cmd_chat(argc - 1, argv + 1);
   if (cmd == "serve") return serval::cli::cmd_serve(argc - 1, argv + 1);
   if (cmd == "tokenize") return serval::cli::cmd_tokenize(argc - 1, argv + 1);
   if (cmd == "gguf") return serval::cli::cmd_gguf(argc - 1, argv + 1);
