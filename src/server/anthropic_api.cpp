@@ -1,6 +1,5 @@
 #include "server/anthropic_api.h"
 
-#include <random>
 #include <set>
 
 #include "server/openai_request.h"
@@ -11,16 +10,8 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 // "msg_" / "toolu_" + 24 hex digits, like Anthropic's ids.
-std::string anthropic_id(const char* prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%s%016llx%08llx", prefix, (unsigned long long)rng(),
-                (unsigned long long)(rng() & 0xffffffffu));
-  return buf;
-}
+std::string anthropic_id(const char* prefix) { return random_hex_id(prefix, 24); }
 
 ApiError bad(const std::string& where, const std::string& what) {
   return bad_request(where + ": " + what, where.substr(0, where.find('.')));
@@ -88,7 +79,7 @@ std::optional<ApiError> convert_message(const json& m, size_t i, std::set<std::s
       ids->insert(b["id"].get<std::string>());
       calls.push_back({{"id", b["id"]},
                        {"type", "function"},
-                       {"function", {{"name", b["name"]}, {"arguments", dump(b["input"])}}}});
+                       {"function", {{"name", b["name"]}, {"arguments", json_text(b["input"])}}}});
     } else if (type == "tool_result" && role == "user") {
       if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) return bad(w + ".tool_use_id", "expected a string");
       const std::string id = b["tool_use_id"].get<std::string>();
@@ -138,7 +129,7 @@ const char* anthropic_error_type(int status) {
 
 std::string anthropic_error_body(int status, const std::string& openai_body) {
   const ApiError e = parse_openai_error(status, openai_body);
-  return dump(json{{"type", "error"}, {"error", {{"type", anthropic_error_type(status)}, {"message", e.message}}}});
+  return json_text(json{{"type", "error"}, {"error", {{"type", anthropic_error_type(status)}, {"message", e.message}}}});
 }
 
 std::variant<AnthropicRequest, ApiError> anthropic_to_chat(const std::string& body, bool count_tokens,
@@ -290,7 +281,7 @@ std::string AnthropicTranslator::translate_body(int status, const std::string& b
                 {"cache_creation_input_tokens", 0},
                 {"cache_read_input_tokens", cached},
                 {"output_tokens", u.value("completion_tokens", int64_t{0})}}}};
-  return dump(out);
+  return json_text(out);
 }
 
 std::string AnthropicTranslator::start_if_needed() {
@@ -333,7 +324,7 @@ std::string AnthropicTranslator::translate_chunk(const json& chunk) {
   if (chunk.contains("error")) {
     finished_ = true;
     const int status = 500;
-    const ApiError e = parse_openai_error(status, dump(chunk));
+    const ApiError e = parse_openai_error(status, json_text(chunk));
     const char* type = e.type == "timeout_error" ? "timeout_error" : anthropic_error_type(status);
     return sse_event("error", {{"type", "error"}, {"error", {{"type", type}, {"message", e.message}}}});
   }

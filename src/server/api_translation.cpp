@@ -1,15 +1,23 @@
 #include "server/api_translation.h"
 
+#include <algorithm>
+#include <random>
+
 namespace serval::server {
 
 using json = nlohmann::ordered_json;
 
-namespace {
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-}  // namespace
+std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string random_hex_id(const std::string& prefix, int hex_digits) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)rng(), (unsigned long long)rng());
+  return prefix + std::string(buf, (size_t)std::clamp(hex_digits, 8, 32));
+}
 
 std::string sse_event(const std::string& name, const json& data) {
-  return "event: " + name + "\ndata: " + dump(data) + "\n\n";
+  return "event: " + name + "\ndata: " + json_text(data) + "\n\n";
 }
 
 // The translators read serval's own chat output; should one still throw on

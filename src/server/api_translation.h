@@ -44,6 +44,10 @@ class ApiTranslator {
 
 // One server-sent event with a name: "event: NAME\ndata: JSON\n\n".
 std::string sse_event(const std::string& name, const nlohmann::ordered_json& data);
+// Compact JSON text (invalid UTF-8 replaced, never thrown on).
+std::string json_text(const nlohmann::ordered_json& j);
+// prefix + `hex_digits` random hex digits (8..32): the translated APIs' object ids.
+std::string random_hex_id(const std::string& prefix, int hex_digits);
 
 // Forwards everything to `inner`, passing bodies and stream writes through
 // the translator.

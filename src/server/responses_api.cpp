@@ -1,7 +1,6 @@
 #include "server/responses_api.h"
 
 #include <chrono>
-#include <random>
 #include <set>
 
 #include "server/openai_request.h"
@@ -12,14 +11,7 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-std::string item_id(const char* prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%s_%016llx%016llx", prefix, (unsigned long long)rng(), (unsigned long long)rng());
-  return buf;
-}
+std::string item_id(const char* prefix) { return random_hex_id(std::string(prefix) + "_", 32); }
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -484,14 +476,14 @@ std::string ResponsesTranslator::translate_body(int status, const std::string& b
   usage_ = usage_of(chat["usage"]);
   const std::string st = finish_ == "length" ? "incomplete" : "completed";
   finish_and_store(st);
-  return dump(response_object(st));
+  return json_text(response_object(st));
 }
 
 std::string ResponsesTranslator::translate_chunk(const json& chunk) {
   if (finished_) return {};
   if (chunk.contains("error")) {
     finished_ = true;
-    const ApiError e = parse_openai_error(500, dump(chunk));
+    const ApiError e = parse_openai_error(500, json_text(chunk));
     std::string out = start_if_needed();
     out += emit("error", {{"code", e.code.empty() ? json(e.type) : json(e.code)}, {"message", e.message}, {"param", nullptr}});
     json failed = response_object("failed");

@@ -28,7 +28,7 @@ from harness import Config, Server  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_SRC = os.path.join(HERE, "node")
 SCRIPTS = ("openai_sdk_test.mjs", "anthropic_sdk_test.mjs")
-FILES = ("package.json", "package-lock.json") + SCRIPTS
+FILES = ("package.json", "package-lock.json", "runner.mjs") + SCRIPTS
 NAME = "server_openai_node"
 
 

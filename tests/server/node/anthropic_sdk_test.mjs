@@ -8,6 +8,7 @@
 // Prints one line per test and a closing "N passed, M failed"; exit status 1 on failure.
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
+import { run, test } from './runner.mjs';
 
 const base = process.env.SERVAL_BASE_URL.replace(/\/v1$/, '');
 const apiKey = process.env.SERVAL_API_KEY;
@@ -21,8 +22,6 @@ const WEATHER = {
                   additionalProperties: false },
 };
 
-const tests = [];
-const test = (name, fn) => tests.push({ name, fn });
 
 async function chatGreedy(messages, max_tokens, extra = {}) {
   const r = await fetch(`${base}/v1/chat/completions`, {
@@ -149,17 +148,4 @@ test('errors come in Anthropic\'s shape and map to the SDK classes', async () =>
                        (e) => e instanceof Anthropic.NotFoundError && e.error.error.type === 'not_found_error');
 });
 
-let passed = 0, failed = 0;
-for (const t of tests) {
-  const t0 = Date.now();
-  try {
-    await t.fn();
-    passed++;
-    console.log(`PASS ${t.name} (${((Date.now() - t0) / 1000).toFixed(2)} s)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${t.name}: ${e?.stack ?? e}`);
-  }
-}
-console.log(`server_anthropic_node: ${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await run('server_anthropic_node');

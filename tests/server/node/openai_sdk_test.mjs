@@ -9,6 +9,7 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import OpenAI, { toFile } from 'openai';
+import { run, test } from './runner.mjs';
 
 const baseURL = process.env.SERVAL_BASE_URL;
 const apiKey = process.env.SERVAL_API_KEY;
@@ -18,8 +19,6 @@ const gold = golden.cases[0];
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 });
 const MSGS = [{ role: 'user', content: 'Tell me a story about a cat.' }];
 
-const tests = [];
-const test = (name, fn) => tests.push({ name, fn });
 
 async function metric(name) {
   const r = await fetch(baseURL.replace(/\/v1$/, '') + '/metrics', { headers: { Authorization: `Bearer ${apiKey}` } });
@@ -356,17 +355,4 @@ test('responses: text.format json_schema, retrieve, delete, errors', async () =>
                        (e) => e instanceof OpenAI.BadRequestError && /function tools/.test(e.message));
 });
 
-let passed = 0, failed = 0;
-for (const t of tests) {
-  const t0 = Date.now();
-  try {
-    await t.fn();
-    passed++;
-    console.log(`PASS ${t.name} (${((Date.now() - t0) / 1000).toFixed(2)} s)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${t.name}: ${e?.stack ?? e}`);
-  }
-}
-console.log(`server_openai_node: ${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await run('server_openai_node');
