@@ -11,6 +11,7 @@
 // Over a pipe (stdin or stdout not a terminal) there are no prompts or
 // colours: each input line is a message (or a command), each answer is
 // written to stdout followed by a newline.
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -66,22 +67,42 @@ struct Style {
   const char* reset() const { return tty ? "\033[0m" : ""; }
 };
 
-// One line of input; false at end of input or on Ctrl-C (g_interrupted).
-bool read_line(std::string* line) {
-  line->clear();
-  for (;;) {
-    const int c = std::fgetc(stdin);
-    if (c == EOF) {
-      if (std::ferror(stdin) && errno == EINTR && !g_interrupted) {
-        std::clearerr(stdin);
-        continue;
-      }
-      return !line->empty() && !g_interrupted;
+// Standard input, read with poll() so that a Ctrl-C is seen within 100 ms
+// whenever it comes (a flag checked before a blocking read could miss it).
+class Input {
+ public:
+  // One line (without the newline); false at end of input or on Ctrl-C (g_interrupted).
+  bool line(std::string* out) {
+    out->clear();
+    for (;;) {
+      const int c = next();
+      if (c == kInterrupted) return false;
+      if (c == kEof) return !out->empty();
+      if (c == '\n') return true;
+      if (out->size() < kMaxInputBytes) out->push_back((char)c);
     }
-    if (c == '\n') return true;
-    if (line->size() < kMaxInputBytes) line->push_back((char)c);
   }
-}
+
+ private:
+  static constexpr int kEof = -1, kInterrupted = -2;
+  int next() {
+    if (at_ < n_) return (unsigned char)buf_[at_++];
+    for (;;) {
+      if (g_interrupted) return kInterrupted;
+      pollfd p{STDIN_FILENO, POLLIN, 0};
+      const int r = poll(&p, 1, 100);
+      if (r <= 0) continue;  // timeout or EINTR: check the flag again
+      const ssize_t k = read(STDIN_FILENO, buf_, sizeof buf_);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return kEof;
+      n_ = (size_t)k;
+      at_ = 0;
+      return (unsigned char)buf_[at_++];
+    }
+  }
+  char buf_[4096];
+  size_t at_ = 0, n_ = 0;
+};
 
 class Chat {
  public:
@@ -359,13 +380,14 @@ int cmd_chat(int argc, char** argv) {
                 style.reset(), info.model_name.c_str(),
                 (long long)n_ctx);
   std::string line;
+  Input input;
   for (;;) {
+    g_interrupted = false;  // before the prompt shows: a Ctrl-C from here on ends the program
     if (interactive) {
       std::printf("%s> %s", style.bold(), style.reset());
       std::fflush(stdout);
     }
-    g_interrupted = false;
-    if (!read_line(&line)) break;
+    if (!input.line(&line)) break;
     // Continuations: a trailing backslash, or a """ block.
     std::string msg = line;
     if (msg == "\"\"\"") {
@@ -373,7 +395,7 @@ int cmd_chat(int argc, char** argv) {
       bool closed = false;
       while (!closed) {
         if (interactive) std::printf("%s. %s", style.dim(), style.reset()), std::fflush(stdout);
-        if (!read_line(&line)) break;
+        if (!input.line(&line)) break;
         if (line == "\"\"\"") closed = true;
         else msg += (msg.empty() ? "" : "\n") + line;
       }
@@ -382,7 +404,7 @@ int cmd_chat(int argc, char** argv) {
       while (!msg.empty() && msg.back() == '\\') {
         msg.back() = '\n';
         if (interactive) std::printf("%s. %s", style.dim(), style.reset()), std::fflush(stdout);
-        if (!read_line(&line)) break;
+        if (!input.line(&line)) break;
         msg += line;
       }
     }
