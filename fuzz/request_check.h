@@ -36,7 +36,7 @@ inline void parse_and_check(const std::string& body, bool chat) {
   require(req.prompts.size() == req.prompt_texts.size(), "one text per prompt");
   require(req.n >= 1 && req.n <= ctx.limits.max_n, "n in [1, max_n]");
   const auto& max_tokens = req.params.max_tokens;  // absent: up to the context
-  if (max_tokens) require(*max_tokens >= 1, "max_tokens >= 1");
+  if (max_tokens) require(*max_tokens >= 1 || (req.score_only && *max_tokens == 0), "max_tokens >= 1 (0: score only)");
   for (const auto& ids : req.prompts) {
     require(!ids.empty(), "non-empty prompt");
     require((int64_t)ids.size() < ctx.max_model_len, "prompt shorter than the context");
@@ -45,7 +45,9 @@ inline void parse_and_check(const std::string& body, bool chat) {
   }
   for (const auto& [id, bias] : req.params.logit_bias) require(id >= 0 && id < ctx.n_vocab, "logit_bias id in range");
   for (TokenId id : req.params.stop_token_ids) require(id >= 0 && id < ctx.n_vocab, "stop id in range");
-  require(req.params.validate((int32_t)ctx.n_vocab).ok(), "accepted params validate");
+  SamplingParams checked = req.params;
+  if (req.score_only) checked.max_tokens = 1;  // the engine takes 0 with prompt log-probs
+  require(checked.validate((int32_t)ctx.n_vocab).ok(), "accepted params validate");
 }
 
 }  // namespace serval::fuzz

@@ -369,8 +369,14 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
                              std::to_string(*max_tokens) + ") exceeds it",
                          "max_tokens", "context_length_exceeded");
   }
-  if (max_tokens) p.max_tokens = (int32_t)*max_tokens;
-  else if (!chat) p.max_tokens = (int32_t)ctx.limits.default_completion_max_tokens;
+  if (max_tokens) {
+    p.max_tokens = (int32_t)*max_tokens;
+  } else if (!chat) {
+    // OpenAI's default of 16, within what the longest prompt leaves of the context.
+    int64_t longest = 0;
+    for (const auto& ids : r.prompts) longest = std::max<int64_t>(longest, (int64_t)ids.size());
+    p.max_tokens = (int32_t)std::min<int64_t>(ctx.limits.default_completion_max_tokens, max_len - longest);
+  }
   {
     SamplingParams vp = p;  // score only: max_tokens 0 is checked above
     if (r.score_only) vp.max_tokens = 1;

@@ -498,6 +498,19 @@ def logprobs_completions(ctx):
 
 
 @suite.test
+def default_max_tokens_fits_the_context(ctx):
+    # OpenAI's default of 16 new tokens, capped by what a long prompt leaves of the context (found by
+    # fuzz_openai_request: a prompt 8 tokens short of the context used to be accepted with 16 to generate).
+    n_ctx = get(ctx.port, "/v1/models").json()["data"][0]["max_model_len"]
+    prompt = [1] + [403] * (n_ctx - 9)
+    j = completion(ctx, prompt=prompt, temperature=0, ignore_eos=True)
+    eq(j["usage"]["completion_tokens"], 8, "generated up to the end of the context")
+    eq(j["choices"][0]["finish_reason"], "length", "finish_reason")
+    eq(completion(ctx, prompt=[1, 403], temperature=0, ignore_eos=True)["usage"]["completion_tokens"], 16,
+       "the default is 16 otherwise")
+
+
+@suite.test
 def logprobs_echo_offsets(ctx):
     # With echo the returned text starts with the prompt, so text_offset must count it.
     j = completion(ctx, prompt=GOLD_PROMPT, max_tokens=5, temperature=0, logprobs=1, echo=True)
