@@ -45,9 +45,7 @@ inline void parse_and_check(const std::string& body, bool chat) {
   }
   for (const auto& [id, bias] : req.params.logit_bias) require(id >= 0 && id < ctx.n_vocab, "logit_bias id in range");
   for (TokenId id : req.params.stop_token_ids) require(id >= 0 && id < ctx.n_vocab, "stop id in range");
-  SamplingParams checked = req.params;
-  if (req.score_only) checked.max_tokens = 1;  // the engine takes 0 with prompt log-probs
-  require(checked.validate((int32_t)ctx.n_vocab).ok(), "accepted params validate");
+  require(req.params.validate((int32_t)ctx.n_vocab, req.score_only).ok(), "accepted params validate");
 }
 
 }  // namespace serval::fuzz

@@ -32,6 +32,7 @@
 #include "kv_cache/kv_storage.h"
 #include "kv_type_flag.h"
 #include "load_model.h"
+#include "sampling_flags.h"
 #include "serval/engine.h"
 #include "tokenizer/chat_template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -304,21 +305,15 @@ int cmd_chat(int argc, char** argv) {
   const std::string cmd = "serval chat";
   CLI::App app("Chat with a model in the terminal, with its chat template", cmd);
   std::string model_path, template_file, system, kv_memory = "1G";
-  int n_predict = 512, threads = 0, top_k = 40, ctx = 0;
-  float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
-  std::optional<uint64_t> seed;
+  int n_predict = 512, threads = 0, ctx = 0;
+  SamplingFlags sampling;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
   app.add_option("--chat-template", template_file, "Jinja chat template file (overrides the model's)");
   app.add_option("-s,--system", system, "system prompt");
   app.add_option("-n,--n-predict", n_predict, "most tokens per answer")->check(CLI::Range(1, 1 << 20));
   app.add_option("-c,--ctx-size", ctx, "context: the conversation is kept within it (0: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--temp", temp, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
-  app.add_option("--top-k", top_k, "top-k (0: off)")->check(CLI::Range(0, 1 << 24));
-  app.add_option("--top-p", top_p, "top-p (1: off)");
-  app.add_option("--min-p", min_p, "min-p (0: off)");
-  app.add_option("--repeat-penalty", repeat_penalty, "repetition penalty (1: off)");
-  app.add_option("--seed", seed, "random seed (default: random)");
+  sampling.add_to(app);
   app.add_option("--kv-memory", kv_memory, "KV cache pool: bytes (512M, 2G) or a fraction of free RAM");
   KvType kv_type = EngineConfig{}.kv_type;
   add_kv_type_option(app, &kv_type);
@@ -360,12 +355,7 @@ int cmd_chat(int argc, char** argv) {
   Chat chat(**engine, tok, *tmpl, n_ctx, style);
   chat.system = system;
   chat.max_tokens = n_predict;
-  chat.params.temperature = temp;
-  chat.params.top_k = top_k;
-  chat.params.top_p = top_p;
-  chat.params.min_p = min_p;
-  chat.params.repetition_penalty = repeat_penalty;
-  chat.params.seed = seed;
+  sampling.apply(&chat.params);
   if (Status s = chat.params.validate((int32_t)tok.n_vocab()); !s.ok()) return fail(cmd, s.message());
 
   // Ctrl-C: stops an answer; at the prompt, it ends the program. No SA_RESTART,

@@ -14,6 +14,7 @@
 #include "cli_util.h"
 #include "kv_type_flag.h"
 #include "load_model.h"
+#include "sampling_flags.h"
 #include "spec_flags.h"
 #include "commands.h"
 #include "common/thread_pool.h"
@@ -28,12 +29,9 @@ int cmd_run(int argc, char** argv) {
   const std::string cmd = "serval run";
   CLI::App app("Generate text from a prompt, streaming it to stdout", cmd);
   std::string model_path, prompt, prompt_file;
-  int n_predict = 128, threads = 0, top_k = 40, ctx = 0, logprobs = 0;
-  float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, typical_p = 1.0f, repeat_penalty = 1.0f;
-  float freq_penalty = 0.0f, presence_penalty = 0.0f;
-  int repeat_last_n = 64;
+  int n_predict = 128, threads = 0, ctx = 0, logprobs = 0;
+  SamplingFlags sampling;
   std::string kv_memory = "1G";
-  std::optional<uint64_t> seed;
   std::vector<std::string> stops;
   bool ignore_eos = false, no_bos = false, verbose_prompt = false;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
@@ -43,16 +41,7 @@ int cmd_run(int argc, char** argv) {
       ->check(CLI::Range(-1, 1 << 20));
   app.add_option("-c,--ctx-size", ctx, "context size (0: the model's, at most 4096 by default)")
       ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--temp", temp, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
-  app.add_option("--top-k", top_k, "top-k (0: off)")->check(CLI::Range(0, 1 << 24));
-  app.add_option("--top-p", top_p, "top-p (1: off)");
-  app.add_option("--min-p", min_p, "min-p (0: off)");
-  app.add_option("--typical", typical_p, "locally typical sampling (1: off)");
-  app.add_option("--repeat-penalty", repeat_penalty, "repetition penalty (1: off)");
-  app.add_option("--repeat-last-n", repeat_last_n, "penalty window (-1: whole history, 0: off)");
-  app.add_option("--frequency-penalty", freq_penalty, "frequency penalty");
-  app.add_option("--presence-penalty", presence_penalty, "presence penalty");
-  app.add_option("--seed", seed, "random seed (default: random)");
+  sampling.add_to(app);
   app.add_option("--stop", stops, "stop string (repeatable)");
   app.add_option("--logprobs", logprobs, "print the top-N log-probabilities of each token on stderr")
       ->check(CLI::Range(0, 20));
@@ -107,16 +96,7 @@ int cmd_run(int argc, char** argv) {
                          std::to_string(m.config().n_vocab));
 
   SamplingParams sp;
-  sp.temperature = temp;
-  sp.top_k = top_k;
-  sp.top_p = top_p;
-  sp.min_p = min_p;
-  sp.typical_p = typical_p;
-  sp.repetition_penalty = repeat_penalty;
-  sp.frequency_penalty = freq_penalty;
-  sp.presence_penalty = presence_penalty;
-  sp.penalty_last_n = repeat_last_n;
-  sp.seed = seed;
+  sampling.apply(&sp);
   sp.stop = stops;
   sp.ignore_eos = ignore_eos;
   sp.logprobs = logprobs;

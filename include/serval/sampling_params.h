@@ -133,8 +133,9 @@ struct SamplingParams {
   // Range-checks every field against the documented limits for a model with
   // n_vocab tokens. The message names the field and the expected vs actual
   // value, e.g. "top_p: expected a value in (0, 1], got 1.5". NaN is
-  // rejected everywhere.
-  Status validate(int32_t n_vocab) const;
+  // rejected everywhere. score_only: max_tokens may be 0 (a request that
+  // only scores its prompt: Request::prompt_logprobs).
+  Status validate(int32_t n_vocab, bool score_only = false) const;
   // The search-decoding fields alone (part of validate).
   Status validate_search() const;
 };

@@ -330,13 +330,7 @@ Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
                             std::to_string(req.n));
   // Score only (prompt log-probs, nothing generated): max_tokens 0 is allowed.
   const bool score_only = req.prompt_logprobs >= 0 && req.params.max_tokens && *req.params.max_tokens == 0;
-  if (score_only) {
-    SamplingParams vp = req.params;
-    vp.max_tokens = 1;
-    SERVAL_RETURN_IF_ERROR(vp.validate((int32_t)mc.n_vocab));
-  } else {
-    SERVAL_RETURN_IF_ERROR(req.params.validate((int32_t)mc.n_vocab));
-  }
+  SERVAL_RETURN_IF_ERROR(req.params.validate((int32_t)mc.n_vocab, score_only));
   if (req.prompt_logprobs >= 0) {
     if (req.prompt_logprobs > SamplingLimits::max_logprobs)
       return invalid_argument("prompt_logprobs: expected a value in [0, " +

@@ -175,8 +175,7 @@ struct Engine::Impl {
   bool wait_for_work();
   void wait_when_blocked();
   void run_step(SchedulerOutput& out, StepBuffers& buf);
-  bool mark_hidden_wanted(SchedulerOutput& out);
-  void mark_prompt_logits(SchedulerOutput& out);
+  bool mark_wanted_rows(SchedulerOutput& out);
   void score_prompt_rows(RequestState& rs, const ScheduledSeq& s, const float* rows);
   void attach_prompt_logprobs(RequestState& rs, OutputEvent& ev);
   void fail_batch(const SchedulerOutput& out, const Status& st);

@@ -45,13 +45,7 @@ Engine::Impl::SeqState Engine::Impl::make_seq_state(RequestState* rs, int32_t in
   SeqState ss;
   ss.req = rs;
   ss.index = index;
-  if (p.max_tokens == 0) {  // score only (Request::prompt_logprobs): never samples
-    SamplingParams sp = p;
-    sp.max_tokens = 1;
-    ss.sampler = std::make_unique<Sampler>(sp, (int32_t)model->config().n_vocab);
-  } else {
-    ss.sampler = std::make_unique<Sampler>(p, (int32_t)model->config().n_vocab);
-  }
+  ss.sampler = std::make_unique<Sampler>(p, (int32_t)model->config().n_vocab);
   ss.detok = std::make_unique<StreamingDetokenizer>(tok);
   ss.stop = std::make_unique<StopMatcher>(p.stop);
   if (p.grammar) {
@@ -508,19 +502,6 @@ bool Engine::Impl::wait_for_work() {
   }
 }
 
-// Prompt log-probs: a chunk of a seq whose request wants them gets every
-// row while it still covers unscored prompt positions.
-void Engine::Impl::mark_prompt_logits(SchedulerOutput& out) {
-  for (ScheduledSeq& s : out.seqs) {
-    auto it = seqs.find(s.seq);
-    if (it == seqs.end() || it->second.index != 0) continue;
-    const RequestState& rs = *it->second.req;
-    s.all_logits = rs.req.prompt_logprobs >= 0 && rs.prompt_lp_next < (int64_t)rs.req.prompt.size() &&
-                   s.start_pos + s.n_tokens >= rs.prompt_lp_next;
-    SERVAL_ASSERT(!s.all_logits || s.n_draft == 0);
-  }
-}
-
 // rows: [s.n_tokens, n_vocab]; row j predicts position start_pos + j + 1.
 // Positions already scored (a chunk recomputed after preemption) are skipped.
 void Engine::Impl::score_prompt_rows(RequestState& rs, const ScheduledSeq& s, const float* rows) {
@@ -543,16 +524,23 @@ void Engine::Impl::attach_prompt_logprobs(RequestState& rs, OutputEvent& ev) {
   rs.prompt_lp_sent = true;
 }
 
-// Contrastive search reads the hidden states of its seqs' tokens; true when
-// any scheduled seq wants them.
-bool Engine::Impl::mark_hidden_wanted(SchedulerOutput& out) {
-  bool any = false;
+// What each scheduled seq wants besides its sampling row, in one pass:
+// contrastive search reads the hidden states of its tokens; a request that
+// wants prompt log-probs gets every logits row of a chunk while it still
+// covers unscored prompt positions. True when any seq wants hidden states.
+bool Engine::Impl::mark_wanted_rows(SchedulerOutput& out) {
+  bool any_hidden = false;
   for (ScheduledSeq& s : out.seqs) {
     auto it = seqs.find(s.seq);
-    s.want_hidden = it != seqs.end() && it->second.req->search && !it->second.req->search->beam;
-    any = any || s.want_hidden;
+    if (it == seqs.end()) continue;
+    const RequestState& rs = *it->second.req;
+    s.want_hidden = rs.search && !rs.search->beam;
+    any_hidden = any_hidden || s.want_hidden;
+    s.all_logits = it->second.index == 0 && rs.req.prompt_logprobs >= 0 &&
+                   rs.prompt_lp_next < (int64_t)rs.req.prompt.size() && s.start_pos + s.n_tokens >= rs.prompt_lp_next;
+    SERVAL_ASSERT(!s.all_logits || s.n_draft == 0);
   }
-  return any;
+  return any_hidden;
 }
 
 // A batch that the scheduler built should always run; if its forward pass
@@ -581,8 +569,7 @@ void Engine::Impl::run_step(SchedulerOutput& out, StepBuffers& buf) {
   const int64_t step_start_ns = now_ns();
   runner->apply_block_moves(out);
   Status st = propose(out, &buf.drafts);
-  const bool any_hidden = mark_hidden_wanted(out);
-  mark_prompt_logits(out);
+  const bool any_hidden = mark_wanted_rows(out);
   if (st.ok()) st = runner->execute(out, buf.drafts, &buf.logits, any_hidden ? &buf.hidden : nullptr);
   if (!st.ok()) return fail_batch(out, st);
   after_step(out, buf.drafts, buf.logits, buf.hidden, step_start_ns);

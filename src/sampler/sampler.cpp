@@ -11,7 +11,7 @@ uint64_t choose_seed(const SamplingParams& p) { return p.seed ? *p.seed : Rng::o
 
 Sampler::Sampler(SamplingParams params, int32_t n_vocab)
     : params_(std::move(params)), n_vocab_(n_vocab), seed_(choose_seed(params_)), rng_(seed_) {
-  SERVAL_ASSERT(params_.validate(n_vocab_).ok());
+  SERVAL_ASSERT(params_.validate(n_vocab_, /*score_only=*/true).ok());  // max_tokens is not the sampler's
   penalties_on_ = params_.penalty_last_n != 0 &&
                   (params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
                    params_.presence_penalty != 0.0f);

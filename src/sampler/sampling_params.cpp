@@ -42,7 +42,7 @@ Status check_token(const std::string& field, TokenId t, int32_t n_vocab) {
 
 }  // namespace
 
-Status SamplingParams::validate(int32_t n_vocab) const {
+Status SamplingParams::validate(int32_t n_vocab, bool score_only) const {
   using L = SamplingLimits;
   if (n_vocab <= 0) return bad("n_vocab", "a positive vocabulary size", num(int64_t{n_vocab}));
 
@@ -103,7 +103,8 @@ Status SamplingParams::validate(int32_t n_vocab) const {
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     SERVAL_RETURN_IF_ERROR(check_token("stop_token_ids[" + std::to_string(i) + "]", stop_token_ids[i], n_vocab));
   }
-  if (max_tokens && *max_tokens < 1) return bad("max_tokens", "a value >= 1", num(int64_t{*max_tokens}));
+  if (max_tokens && *max_tokens < (score_only ? 0 : 1))
+    return bad("max_tokens", score_only ? "a value >= 0" : "a value >= 1", num(int64_t{*max_tokens}));
   if (logprobs < 0 || logprobs > L::max_logprobs) {
     return bad("logprobs", "a value in [0, " + num(int64_t{L::max_logprobs}) + "]", num(int64_t{logprobs}));
   }

@@ -377,11 +377,7 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
     for (const auto& ids : r.prompts) longest = std::max<int64_t>(longest, (int64_t)ids.size());
     p.max_tokens = (int32_t)std::min<int64_t>(ctx.limits.default_completion_max_tokens, max_len - longest);
   }
-  {
-    SamplingParams vp = p;  // score only: max_tokens 0 is checked above
-    if (r.score_only) vp.max_tokens = 1;
-    if (Status st = vp.validate((int32_t)ctx.n_vocab); !st.ok()) return from_status(st);
-  }
+  if (Status st = p.validate((int32_t)ctx.n_vocab, r.score_only); !st.ok()) return from_status(st);
   return r;
 }
 
