@@ -1,4 +1,4 @@
-// serval gguf info FILE | serval gguf synth --shape NAME --type TYPE --vocab VOCAB -o OUT
+// serval gguf info FILE | serval gguf synth --shape NAME --type TYPE --vocab VOCAB -o OUT [--pooling P]
 #include <chrono>
 #include <cstdio>
 
@@ -36,7 +36,8 @@ int gguf_info(const std::string& path, bool all_values) {
 }
 
 int gguf_synth(const std::string& shape_name, const std::string& arch, const std::string& type_name,
-               const std::string& vocab_path, const std::string& out, uint64_t seed, int threads) {
+               const std::string& vocab_path, const std::string& out, uint64_t seed, int threads,
+               const std::string& pooling) {
   const std::string cmd = "serval gguf synth";
   auto shape = find_synth_shape(shape_name);
   if (!shape.ok()) return fail(cmd, shape.status().message());
@@ -53,6 +54,7 @@ int gguf_synth(const std::string& shape_name, const std::string& arch, const std
   opt.type = *type;
   opt.seed = seed;
   opt.q4_k_m = q4_k_m;
+  opt.pooling = pooling;
   Status st = write_synthetic_model(opt, *vocab, out, &pool);
   if (!st.ok()) return fail(cmd, st.message(), st.code() == StatusCode::io_error ? 1 : 2);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -73,7 +75,7 @@ int cmd_gguf(int argc, char** argv) {
   info->add_option("file", info_path, "GGUF file")->required();
   info->add_flag("--all", all_values, "print arrays in full");
 
-  std::string shape, arch, type = "f16", vocab, out;
+  std::string shape, arch, type = "f16", vocab, out, pooling;
   uint64_t seed = 42;
   int threads = 0;
   std::string shapes;
@@ -87,11 +89,12 @@ int cmd_gguf(int argc, char** argv) {
   synth->add_option("--vocab", vocab, "vocab-only GGUF whose tokenizer the model takes")->required();
   synth->add_option("-o,--output", out, "output file")->required();
   synth->add_option("--seed", seed, "random seed");
+  synth->add_option("--pooling", pooling, "encoders: pooling_type mean (default), cls, or rank (a reranker: adds the classification head)");
   synth->add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
 
   if (auto rc = parse(app, argc, argv)) return *rc;
   if (*info) return gguf_info(info_path, all_values);
-  return gguf_synth(shape, arch, type, vocab, out, seed, threads);
+  return gguf_synth(shape, arch, type, vocab, out, seed, threads, pooling);
 }
 
 }  // namespace serval::cli

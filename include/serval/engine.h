@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/model_config.h"
 #include "sampler/logprobs.h"
 #include "sampler/stop_conditions.h"
 #include "serval/sampling_params.h"
@@ -70,6 +71,11 @@ struct EngineConfig {
   int32_t max_n = 16;                   // bound on Request::n
   int32_t max_beam_width = 16;          // bound on beam_width and contrastive top_k (<= max_seqs too)
   SpecConfig spec;                      // off by default
+  // Embeddings (Engine::embed): the pooling of a decoder model that names
+  // none in its file (--pooling; Pooling::none: the file's), and the most
+  // inputs one embed() call may carry.
+  Pooling pooling = Pooling::none;
+  int32_t max_embed_inputs = 2048;
 };
 
 // Parses --kv-memory: bytes with an optional K/M/G/T suffix ("512M", "2G",
@@ -170,6 +176,45 @@ class RequestStream {
   bool failed_ = false;
 };
 
+// Embeddings and rerank scores (Engine::embed): whole inputs, each pooled
+// into one vector by the model's pooling (rank: one score), computed many
+// inputs per engine step between generation steps, with no KV kept.
+struct EmbedRequest {
+  std::vector<std::vector<TokenId>> inputs;  // each non-empty, within the context
+};
+
+// The caller's end of one embed() call. Thread-safe.
+class EmbedHandle {
+ public:
+  // Blocks until done (timeout_ms < 0: no limit); false on timeout.
+  bool wait(int64_t timeout_ms = -1);
+  bool done() const;
+  // Called once (from the engine thread) when the result is ready; if it is
+  // already, at once on the calling thread.
+  void set_notify(std::function<void()> fn);
+  // Stops computing the inputs not started yet; the handle completes with an
+  // error.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+  // After done(): ok, or why it failed.
+  Status error;
+  // After done(): [inputs, dim] floats, unnormalized (rank: dim 1, the scores).
+  std::vector<float> data;
+  int64_t dim = 0;
+  int64_t prompt_tokens = 0;
+
+  // --- engine side ---
+  void finish();
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> notify_;
+  bool done_ = false;
+  std::atomic<bool> cancelled_{false};
+};
+
 // What callers above the engine (server, CLI) may know about the model.
 struct EngineInfo {
   std::string model_name;     // general.name, else the file name
@@ -178,6 +223,9 @@ struct EngineInfo {
   int64_t max_model_len = 0;  // context per sequence
   std::string chat_template;  // tokenizer.chat_template; empty when absent
   size_t kv_bytes_per_token = 0;  // KV memory one token takes (all layers, K and V; + the draft model's)
+  bool generates = true;          // false for encoders (bert, nomic-bert): embed() only
+  Pooling pooling = Pooling::none;  // what embed() applies; none: the model does not embed
+  int64_t embedding_dim = 0;        // floats per input from embed() (rank: 1); 0 without pooling
 };
 
 struct EngineStats {
@@ -211,6 +259,9 @@ struct EngineStats {
   int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
   double spec_mean_accepted = 0;
   double step_seconds = 0;              // wall time spent in engine steps (forward + sampling)
+  // Embeddings: inputs and their tokens computed, embedding steps and their wall time.
+  int64_t embed_inputs = 0, embed_tokens = 0, embed_steps = 0;
+  double embed_seconds = 0;
 };
 
 class Engine {
@@ -224,6 +275,10 @@ class Engine {
 
   // Validates (prompt empty/too long, token ids, sampling params, n) and queues.
   Expected<std::shared_ptr<RequestStream>> submit(Request req);
+  // Embeddings (see EmbedRequest). Validates (no pooling / a model that does
+  // not embed, no inputs, more than max_embed_inputs, an empty or too long
+  // input, token ids) and queues. (Encoders, in turn, refuse submit().)
+  Expected<std::shared_ptr<EmbedHandle>> embed(EmbedRequest req);
   // Cancels a request in any state; its KV blocks are freed within one step.
   void cancel(uint64_t request_id);
 

@@ -56,6 +56,45 @@ bool RequestStream::done() const {
 }
 
 // ---------------------------------------------------------------------------
+// EmbedHandle
+
+bool EmbedHandle::wait(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (timeout_ms < 0) {
+    cv_.wait(lk, [&] { return done_; });
+    return true;
+  }
+  return cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return done_; });
+}
+
+bool EmbedHandle::done() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
+void EmbedHandle::set_notify(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!done_) {
+      notify_ = std::move(fn);
+      return;
+    }
+  }
+  if (fn) fn();
+}
+
+void EmbedHandle::finish() {
+  std::function<void()> fn;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ = true;
+    fn = std::move(notify_);
+  }
+  cv_.notify_all();
+  if (fn) fn();
+}
+
+// ---------------------------------------------------------------------------
 // parse_kv_memory
 
 Expected<size_t> parse_kv_memory(const std::string& text) {
@@ -225,8 +264,9 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
     const int64_t n_main = rest > 0 ? rest / (int64_t)bpb : 0;
     if (n_main < n_swa_blocks) n_swa_blocks = std::max<int64_t>(1, (int64_t)(cfg.kv_memory_bytes / (bpb + bpb_swa)));
   }
+  // Encoders never generate: their pool is a single block the loop never uses.
   const int64_t n_blocks =
-      (int64_t)((cfg.kv_memory_bytes - (size_t)n_swa_blocks * bpb_swa) / bpb);
+      mc.encoder ? 1 : (int64_t)((cfg.kv_memory_bytes - (size_t)n_swa_blocks * bpb_swa) / bpb);
   const int64_t n_host = swa ? 0 : (int64_t)(cfg.swap_memory_bytes / bpb);
   if (n_blocks < 1)
     return invalid_argument("--kv-memory " + std::to_string(cfg.kv_memory_bytes) +
@@ -272,6 +312,14 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   SERVAL_RETURN_IF_ERROR(Scheduler::validate(sc));
   impl->sched = std::make_unique<Scheduler>(sc, impl->kv.get());
   impl->runner = std::make_unique<Runner>(m, *impl->storage, impl->pool.get(), draft, impl->draft_storage.get());
+  if (cfg.pooling != Pooling::none && mc.encoder && cfg.pooling != mc.pooling)
+    return invalid_argument(std::string("--pooling ") + pooling_name(cfg.pooling) + ": the encoder's pooling is " +
+                            pooling_name(mc.pooling) + " (set by the file)");
+  if (cfg.pooling == Pooling::rank && !mc.encoder)
+    return invalid_argument("--pooling rank: only encoders with a classification head rank");
+  if (cfg.max_embed_inputs < 1) return invalid_argument("max embed inputs must be >= 1");
+  if ((cfg.pooling != Pooling::none ? cfg.pooling : mc.pooling) != Pooling::none)
+    impl->embedder = std::make_unique<EmbedForward>(m, impl->pool.get(), cfg.pooling);
   for (TokenId t = 0; t < impl->tok.n_vocab(); ++t)
     if (impl->tok.is_eog(t)) impl->eog.push_back(t);
   impl->stats.kv_blocks_total = (int32_t)n_blocks;
@@ -316,6 +364,10 @@ Status Engine::check_search_request(const Request& req, int64_t max_total) const
 Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
   const ModelConfig& mc = impl_->model->config();
   const EngineConfig& cfg = impl_->cfg;
+  if (mc.encoder)
+    return invalid_argument("model: '" + info().model_name + "' is an embedding model (" + mc.arch +
+                            "): it does not generate text (use /v1/embeddings" +
+                            (mc.pooling == Pooling::rank ? std::string(" or /v1/rerank") : std::string()) + ")");
   if (req.prompt.empty()) return invalid_argument("prompt: must not be empty");
   if ((int64_t)req.prompt.size() >= cfg.max_model_len)
     return invalid_argument("prompt: " + std::to_string(req.prompt.size()) +
@@ -376,6 +428,45 @@ EngineStats Engine::stats() const {
   return impl_->stats;
 }
 
+Expected<std::shared_ptr<EmbedHandle>> Engine::embed(EmbedRequest req) {
+  const ModelConfig& mc = impl_->model->config();
+  const EngineConfig& cfg = impl_->cfg;
+  if (!impl_->embedder)
+    return invalid_argument("model: '" + info().model_name +
+                            "' does not produce embeddings (no pooling type in the file; a server can set one with "
+                            "--pooling mean|cls|last)");
+  if (req.inputs.empty()) return invalid_argument("input: must not be empty");
+  if ((int64_t)req.inputs.size() > cfg.max_embed_inputs)
+    return invalid_argument("input: " + std::to_string(req.inputs.size()) + " inputs, at most " +
+                            std::to_string(cfg.max_embed_inputs) + " per request");
+  const int64_t max_len = mc.encoder && mc.enc.abs_pos ? std::min<int64_t>(cfg.max_model_len, mc.n_ctx_train)
+                                                       : cfg.max_model_len;
+  int64_t total = 0;
+  for (size_t i = 0; i < req.inputs.size(); ++i) {
+    const auto& in = req.inputs[i];
+    if (in.empty()) return invalid_argument("input[" + std::to_string(i) + "]: must not be empty");
+    if ((int64_t)in.size() > max_len)
+      return invalid_argument("input[" + std::to_string(i) + "]: " + std::to_string(in.size()) +
+                              " tokens, more than the context of " + std::to_string(max_len));
+    for (TokenId t : in)
+      if (t < 0 || t >= mc.n_vocab)
+        return invalid_argument("input[" + std::to_string(i) + "]: token id " + std::to_string(t) +
+                                " is out of range [0, " + std::to_string(mc.n_vocab) + ")");
+    total += (int64_t)in.size();
+  }
+  auto h = std::make_shared<EmbedHandle>();
+  h->dim = impl_->embedder->out_dim();
+  h->prompt_tokens = total;
+  h->data.reserve(req.inputs.size() * (size_t)h->dim);
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox_mu);
+    if (impl_->stopping) return Status(StatusCode::resource_exhausted, "engine shutting down");
+    impl_->embed_inbox.push_back(Impl::EmbedJob{h, std::move(req.inputs), 0});
+  }
+  impl_->inbox_cv.notify_all();
+  return h;
+}
+
 EngineInfo Engine::info() const {
   EngineInfo i;
   const auto& f = impl_->model->file();
@@ -387,6 +478,11 @@ EngineInfo Engine::info() const {
   if (auto t = f.get_string("tokenizer.chat_template"); t.ok()) i.chat_template = *t;
   i.kv_bytes_per_token = impl_->storage->geometry().bytes_per_token() +
                          (impl_->draft_storage ? impl_->draft_storage->geometry().bytes_per_token() : 0);
+  i.generates = !impl_->model->config().encoder;
+  if (impl_->embedder) {
+    i.pooling = impl_->embedder->pooling();
+    i.embedding_dim = impl_->embedder->out_dim();
+  }
   return i;
 }
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,7 @@
 #include "engine/search_decoding.h"
 #include "kv_cache/kv_cache_manager.h"
 #include "kv_cache/kv_storage.h"
+#include "model/embed_forward.h"
 #include "model/model.h"
 #include "sampler/grammar/matcher.h"
 #include "sampler/sampler.h"
@@ -124,10 +126,20 @@ struct Engine::Impl {
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<Runner> runner;
 
+  // An embed() call: its inputs, computed in order over one or more steps.
+  struct EmbedJob {
+    std::shared_ptr<EmbedHandle> handle;
+    std::vector<std::vector<TokenId>> inputs;
+    size_t next = 0;  // inputs [0, next) are done
+  };
+  std::unique_ptr<EmbedForward> embedder;  // null when the model does not embed
+  std::deque<EmbedJob> embed_queue;        // loop-owned
+
   // Inbox (any thread -> loop).
   std::mutex inbox_mu;
   std::condition_variable inbox_cv;
   std::vector<std::unique_ptr<RequestState>> inbox;
+  std::vector<EmbedJob> embed_inbox;
   std::vector<uint64_t> cancels;
   bool stopping = false;
   std::atomic<uint64_t> next_request_id{1};
@@ -189,6 +201,9 @@ struct Engine::Impl {
   void account_step(const SchedulerOutput& out, const StepResult& step, int64_t step_start_ns, int64_t step_end_ns);
   void deliver(StepResult& step);
   void drain_inbox();
+  // Runs the queued embedding inputs (whole inputs, up to a step's token
+  // budget, at least one) and completes the calls they finish.
+  void run_embed_step();
   void admit(std::unique_ptr<RequestState> rs);
   void fail_request(RequestState& rs, const Status& st);
   void finish_seq(SeqId id, FinishReason reason);

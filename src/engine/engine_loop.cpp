@@ -129,11 +129,14 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
 void Engine::Impl::drain_inbox() {
   std::vector<std::unique_ptr<RequestState>> in;
   std::vector<uint64_t> cancel_ids;
+  std::vector<EmbedJob> embeds;
   {
     std::lock_guard<std::mutex> lk(inbox_mu);
     in.swap(inbox);
     cancel_ids.swap(cancels);
+    embeds.swap(embed_inbox);
   }
+  for (auto& j : embeds) embed_queue.push_back(std::move(j));
   for (auto& rs : in) admit(std::move(rs));
   for (uint64_t rid : cancel_ids) {
     auto it = requests.find(rid);
@@ -490,7 +493,8 @@ bool Engine::Impl::wait_for_work() {
       continue;
     }
     parked = false;
-    if (!inbox.empty() || !cancels.empty() || sched->has_unfinished()) {
+    if (!inbox.empty() || !cancels.empty() || !embed_inbox.empty() || !embed_queue.empty() ||
+        sched->has_unfinished()) {
       if (pause_requested) --steps_allowed;
       return true;
     }
@@ -584,11 +588,83 @@ void Engine::Impl::fail_open_requests() {
     ev.error = st;
     rs->stream->push(std::move(ev));
   }
+  for (auto& j : embed_queue) {
+    j.handle->error = st;
+    j.handle->finish();
+  }
   std::lock_guard<std::mutex> lk(inbox_mu);
   for (auto& rs : inbox) {
     OutputEvent ev;
     ev.error = st;
     rs->stream->push(std::move(ev));
+  }
+  for (auto& j : embed_inbox) {
+    j.handle->error = st;
+    j.handle->finish();
+  }
+}
+
+void Engine::Impl::run_embed_step() {
+  // Cancelled calls leave first.
+  for (auto it = embed_queue.begin(); it != embed_queue.end();) {
+    if (!it->handle->cancelled()) {
+      ++it;
+      continue;
+    }
+    it->handle->error = Status(StatusCode::invalid_argument, "embedding request cancelled");
+    it->handle->finish();
+    it = embed_queue.erase(it);
+  }
+  if (embed_queue.empty()) return;
+  // Whole inputs in arrival order while they fit the step's token budget
+  // (one input always runs, however long).
+  std::vector<std::vector<TokenId>> batch;
+  struct Span {
+    EmbedJob* job;
+    size_t first, count;
+  };
+  std::vector<Span> spans;
+  int64_t tokens = 0;
+  for (EmbedJob& j : embed_queue) {
+    Span sp{&j, j.next, 0};
+    while (j.next + sp.count < j.inputs.size()) {
+      const auto& in = j.inputs[j.next + sp.count];
+      if (!batch.empty() && (tokens + (int64_t)in.size() > cfg.max_batch_tokens || (int64_t)batch.size() >= cfg.max_seqs))
+        break;
+      tokens += (int64_t)in.size();
+      batch.push_back(in);
+      ++sp.count;
+    }
+    if (sp.count > 0) spans.push_back(sp);
+    if (j.next + sp.count < j.inputs.size()) break;  // the budget is spent
+  }
+  const int64_t t0 = now_ns();
+  std::vector<float> out;
+  const Status st = embedder->embed(batch, &out);
+  const int64_t t1 = now_ns();
+  const size_t dim = (size_t)embedder->out_dim();
+  size_t row = 0;
+  for (const Span& sp : spans) {
+    EmbedHandle& h = *sp.job->handle;
+    if (!st.ok()) {
+      h.error = st;
+      sp.job->next = sp.job->inputs.size();
+      continue;
+    }
+    h.data.insert(h.data.end(), out.begin() + (ptrdiff_t)(row * dim), out.begin() + (ptrdiff_t)((row + sp.count) * dim));
+    row += sp.count;
+    sp.job->next += sp.count;
+  }
+  {
+    std::lock_guard<std::mutex> lk(stats_mu);
+    stats.embed_inputs += (int64_t)batch.size();
+    stats.embed_tokens += tokens;
+    stats.embed_steps += 1;
+    stats.embed_seconds += (double)(t1 - t0) * 1e-9;
+  }
+  while (!embed_queue.empty() && embed_queue.front().next >= embed_queue.front().inputs.size()) {
+    embed_queue.front().handle->finish();
+    embed_queue.pop_front();
   }
 }
 
@@ -596,6 +672,7 @@ void Engine::Impl::loop() {
   StepBuffers buf;
   while (wait_for_work()) {
     drain_inbox();
+    if (!embed_queue.empty()) run_embed_step();
     if (!sched->has_unfinished()) {
       publish_stats();
       continue;

@@ -62,6 +62,15 @@ Status load_standard(TensorLoader& ld, const ModelConfig& c, ModelWeights& w, bo
 constexpr int64_t kMaxExperts = 1024;
 Status read_moe_hparams(const HparamReader& r, ModelConfig& c);
 
+// Encoders (bert, nomic-bert): marks c an encoder, reads
+// attention.layer_norm_epsilon and attention.causal (true is refused), and
+// defaults the pooling to mean when the file names none.
+Status read_encoder_hparams(const HparamReader& r, ModelConfig& c);
+// The encoder tensors of model_config.h's EncoderRecipe (c.enc says which):
+// embeddings, token type 0, positions, the embedding norm, every layer, and
+// the optional classification head (required by rank pooling).
+Status load_encoder(TensorLoader& ld, const ModelConfig& c, ModelWeights& w);
+
 // Sets c.layer_swa: layer il is a sliding-window layer unless (il + 1) % period == 0
 // (gemma3, period 6: 5 local then 1 global; gemma2, period 2: even layers local).
 void set_swa_period(ModelConfig& c, int64_t period);

@@ -34,6 +34,25 @@ Status HparamReader::get_float(const std::string& key, double lo, double hi, flo
   return {};
 }
 
+Status HparamReader::get_bool(const std::string& key, bool* out) const {
+  read_.insert(key);
+  auto v = f_.get_bool(prefix_ + key);
+  if (!v.ok()) return v.status().code() == StatusCode::not_found ? Status{} : v.status();
+  *out = *v;
+  return {};
+}
+
+const char* pooling_name(Pooling p) {
+  switch (p) {
+    case Pooling::none: return "none";
+    case Pooling::mean: return "mean";
+    case Pooling::cls: return "cls";
+    case Pooling::last: return "last";
+    case Pooling::rank: return "rank";
+  }
+  return "none";
+}
+
 Status HparamReader::get_string(const std::string& key, std::string* out) const {
   read_.insert(key);
   auto v = f_.get_string(prefix_ + key);
@@ -100,6 +119,12 @@ Status read_common_hparams(const HparamReader& r, ModelConfig& c) {
   rs.attn_factor *= attn_factor;
   c.rope_swa = rs;  // sliding-window layers use the same RoPE unless the family says otherwise
 
+  // Pooling (embedding models): llama.cpp's numbering; -1 (unspecified) reads as none.
+  int64_t pooling = (int64_t)c.pooling;
+  if (auto pv = r.file().get_int(p + "pooling_type"); pv.ok() && *pv == -1) pooling = 0;
+  else SERVAL_RETURN_IF_ERROR(r.get_int("pooling_type", 0, 4, pooling, &pooling));
+  c.pooling = (Pooling)pooling;
+
   // Sliding window: a family that has one sets layer_swa from its pattern.
   int64_t window = 0;
   SERVAL_RETURN_IF_ERROR(r.get_int("attention.sliding_window", 0, 1 << 24, 0, &window));
@@ -146,6 +171,9 @@ Expected<ModelConfig> read_model_config(const gguf::GgufFile& f) {
       return unsupported("metadata key '" + k + "' = " + std::to_string(v) + " is not applied by the '" + c.arch +
                          "' family: refusing to run a model whose math would differ from the file's");
   }
+  if (c.pooling == Pooling::rank && !c.encoder)
+    return unsupported("metadata key '" + r.prefix() + "pooling_type' = rank: rerankers of the '" + c.arch +
+                       "' family are not supported (only bert-family rerankers with a classification head)");
   // A window the family does not use: llama.cpp ignores it too (Mistral 7B v0.1).
   if (c.sliding_window > 0 && !c.has_swa())
     c.warnings.push_back("metadata key '" + r.prefix() + "attention.sliding_window' = " +

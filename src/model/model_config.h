@@ -19,10 +19,21 @@ namespace serval {
 struct Family;
 
 enum class FfnActivation {
-  silu,        // SwiGLU: silu(gate) * up (llama, qwen, phi3)
+  silu,        // SwiGLU: silu(gate) * up (llama, qwen, phi3, nomic-bert)
   gelu_tanh,   // GeGLU: gelu_tanh(gate) * up (gemma)
   swiglu_oai,  // gpt-oss: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)
 };
+
+// How an embedding is pooled from a sequence's final hidden states
+// (`<arch>.pooling_type`, llama.cpp's llama_pooling_type numbering).
+enum class Pooling {
+  none = 0,  // no pooled output: the model generates (decoders without the key)
+  mean = 1,  // the mean of every token's state
+  cls = 2,   // the first token's state ([CLS])
+  last = 3,  // the last token's state (decoder embedding models, e.g. Qwen3-Embedding)
+  rank = 4,  // the first token's state through the classification head (cls, tanh, cls.output): a reranker's score
+};
+const char* pooling_name(Pooling p);
 
 // How a mixture-of-experts layer weighs the experts it picks (top-k by the
 // router's logits in both: softmax is monotonic).
@@ -60,10 +71,34 @@ struct BlockRecipe {
   bool moe_biases = false;       // ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
 };
 
+// The layer layout of BERT-style encoders (bert, nomic-bert), which the
+// decoder recipe above does not describe: post-LayerNorm with biases and
+// attention over the whole input (no causal mask, no KV cache):
+//   x = LayerNorm(token_embd[t] + token_types[0] (+ position_embd[pos]), token_embd_norm)
+//   per layer:
+//     q, k, v = x Wq + bq, x Wk + bk, x Wv + bv   (or fused attn_qkv, biases optional)
+//     q, k = rope(q, k)                          (rope: nomic-bert)
+//     a = attention(q / sqrt(head_dim), K, V) Wo (+ bo)   over every token of the input
+//     x = LayerNorm(x + a, attn_output_norm)
+//     f = gelu(x Wup + bup) Wdown + bdown        (gated: silu(x Wgate) * (x Wup), then Wdown)
+//     x = LayerNorm(x + f, layer_output_norm)
+// The output is x (no final norm); pooling and the classification head follow.
+struct EncoderRecipe {
+  bool abs_pos = false;  // position_embd [n_ctx_train, dim] (bert)
+  bool rope = false;     // rotary positions on q, k (nomic-bert, NEOX layout)
+  bool gated = false;    // ffn_gate (SwiGLU, nomic-bert) instead of GELU on ffn_up (bert)
+};
+
 struct ModelConfig {
   const Family* family = nullptr;  // never null after read: the family of general.architecture
   std::string arch;                // general.architecture
   BlockRecipe block;
+  // Encoders (bert, nomic-bert) run the encoder layout instead of the block
+  // recipe and never generate: they only embed (model/embed_forward.h).
+  bool encoder = false;
+  EncoderRecipe enc;
+  Pooling pooling = Pooling::none;  // <arch>.pooling_type (decoders: none unless the file sets it)
+  float norm_eps = 1e-12f;          // attention.layer_norm_epsilon (encoders' LayerNorm)
 
   int64_t n_vocab = 0;     // rows of token_embd
   int64_t dim = 0;         // embedding_length
@@ -120,6 +155,8 @@ class HparamReader {
   // Integer `<arch>.key` into [lo, hi]; `def` when the key is absent and
   // def >= 0, else a missing key is an error.
   Status get_int(const std::string& key, int64_t lo, int64_t hi, int64_t def, int64_t* out) const;
+  // Boolean `<arch>.key`; left unchanged when absent.
+  Status get_bool(const std::string& key, bool* out) const;
   // Float `<arch>.key` into [lo, hi]; left unchanged when absent.
   Status get_float(const std::string& key, double lo, double hi, float* out) const;
   // String `<arch>.key`; left unchanged when absent.
@@ -137,7 +174,8 @@ class HparamReader {
 };
 
 // The hyper-parameters every family shares (embedding_length, block_count,
-// head counts, head size, rope dimension/base/scaling, rms eps, context),
+// head counts, head size, rope dimension/base/scaling, rms eps, context,
+// pooling_type),
 // into c. Families call it first, then read their own keys.
 Status read_common_hparams(const HparamReader& r, ModelConfig& c);
 

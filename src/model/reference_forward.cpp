@@ -172,4 +172,132 @@ Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<
   return {};
 }
 
+namespace {
+
+// y = W x (+ b) through the reference dot products.
+std::vector<float> ref_linear(const Matrix& m, const std::vector<float>& x, const std::vector<float>& b = {}) {
+  std::vector<float> y((size_t)m.rows);
+  ref::matvec(m.type, m.data, m.rows, m.cols, x.data(), y.data());
+  for (size_t i = 0; i < b.size(); ++i) y[i] += b[i];
+  return y;
+}
+
+// The encoder layout (model_config.h EncoderRecipe) over one input: the last
+// layer's output rows, [len][dim].
+std::vector<std::vector<float>> reference_encode(const Model& model, std::span<const int32_t> tokens) {
+  const ModelConfig& c = model.config();
+  const ModelWeights& w = model.weights();
+  const int64_t dim = c.dim, hd = c.head_dim, len = (int64_t)tokens.size();
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  std::vector<std::vector<float>> x((size_t)len, std::vector<float>((size_t)dim));
+  std::vector<float> row((size_t)dim);
+  for (int64_t p = 0; p < len; ++p) {
+    ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)tokens[(size_t)p] * row_size(w.token_embd.type, dim),
+                        x[(size_t)p].data(), dim);
+    for (int64_t d = 0; d < dim; ++d) x[(size_t)p][(size_t)d] += w.token_type0[(size_t)d];
+    if (c.enc.abs_pos) {
+      ref::dequantize_row(w.pos_embd.type, w.pos_embd.data + (size_t)p * row_size(w.pos_embd.type, dim), row.data(), dim);
+      for (int64_t d = 0; d < dim; ++d) x[(size_t)p][(size_t)d] += row[(size_t)d];
+    }
+    ref::layernorm(x[(size_t)p].data(), x[(size_t)p].data(), w.embd_norm.data(), w.embd_norm_b.data(), dim, c.norm_eps);
+  }
+  std::vector<float> cs((size_t)c.rope_dim);
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    const LayerWeights& l = w.layers[(size_t)il];
+    std::vector<std::vector<float>> q, k, v;
+    for (int64_t p = 0; p < len; ++p) {
+      q.push_back(ref_linear(l.wq, x[(size_t)p], l.bq));
+      k.push_back(ref_linear(l.wk, x[(size_t)p], l.bk));
+      v.push_back(ref_linear(l.wv, x[(size_t)p], l.bv));
+      if (c.enc.rope) {
+        ref::rope_cos_sin(c.rope, p, cs.data());
+        ref::rope_apply(q.back().data(), c.n_heads, hd, c.rope, cs.data());
+        ref::rope_apply(k.back().data(), c.n_kv_heads, hd, c.rope, cs.data());
+      }
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      std::vector<float> a((size_t)c.q_dim());
+      for (int64_t h = 0; h < c.n_heads; ++h) {
+        const int64_t kvh = h / group;
+        std::vector<double> sc((size_t)len);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < len; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < hd; ++d) dot += (double)q[(size_t)i][(size_t)(h * hd + d)] * k[(size_t)j][(size_t)(kvh * hd + d)];
+          sc[(size_t)j] = dot / std::sqrt((double)hd);
+          mx = std::max(mx, sc[(size_t)j]);
+        }
+        double z = 0;
+        for (double& s : sc) z += (s = std::exp(s - mx));
+        for (int64_t d = 0; d < hd; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j < len; ++j) acc += sc[(size_t)j] / z * v[(size_t)j][(size_t)(kvh * hd + d)];
+          a[(size_t)(h * hd + d)] = (float)acc;
+        }
+      }
+      std::vector<float> o = ref_linear(l.wo, a, l.bo);
+      for (int64_t d = 0; d < dim; ++d) o[(size_t)d] += x[(size_t)i][(size_t)d];
+      ref::layernorm(o.data(), o.data(), l.attn_out_norm.data(), l.attn_out_norm_b.data(), dim, c.norm_eps);
+      std::vector<float> up = ref_linear(l.w_up, o, l.b_up);
+      if (c.enc.gated) {
+        std::vector<float> gate = ref_linear(l.w_gate, o);
+        ref::swiglu(up.data(), gate.data(), up.data(), c.ffn_dim);
+      } else {
+        ref::gelu(up.data(), c.ffn_dim);
+      }
+      std::vector<float> f = ref_linear(l.w_down, up, l.b_down);
+      for (int64_t d = 0; d < dim; ++d) f[(size_t)d] += o[(size_t)d];
+      ref::layernorm(f.data(), f.data(), l.layer_out_norm.data(), l.layer_out_norm_b.data(), dim, c.norm_eps);
+      x[(size_t)i] = std::move(f);  // the other tokens read only q/k/v of this layer: x may change now
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
+Expected<std::vector<float>> reference_embed(const Model& model, std::span<const int32_t> tokens, Pooling pooling,
+                                             ThreadPool* pool) {
+  const ModelConfig& c = model.config();
+  const ModelWeights& w = model.weights();
+  if (pooling == Pooling::none) pooling = c.pooling;
+  if (pooling == Pooling::none) return invalid_argument("the model has no pooling type");
+  if (tokens.empty()) return invalid_argument("empty input");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.n_vocab) return invalid_argument("token id " + std::to_string(t) + " is out of range");
+  std::vector<std::vector<float>> rows;
+  if (c.encoder) {
+    if (c.enc.abs_pos && (int64_t)tokens.size() > c.n_ctx_train) return invalid_argument("input is too long");
+    rows = reference_encode(model, tokens);
+  } else {
+    ReferenceForward ref(model, (int64_t)tokens.size(), pool);
+    for (int32_t t : tokens) {
+      rows.emplace_back((size_t)c.dim);
+      SERVAL_RETURN_IF_ERROR(ref.eval(t, {}, rows.back()));
+    }
+  }
+  const int64_t dim = c.dim;
+  std::vector<float> out((size_t)dim);
+  switch (pooling) {
+    case Pooling::mean:
+      for (int64_t d = 0; d < dim; ++d) {
+        double acc = 0;
+        for (const auto& r : rows) acc += r[(size_t)d];
+        out[(size_t)d] = (float)(acc / (double)rows.size());
+      }
+      return out;
+    case Pooling::cls: return rows.front();
+    case Pooling::last: return rows.back();
+    case Pooling::rank: {
+      if (!w.cls.data) return invalid_argument("rank pooling needs cls.weight");
+      std::vector<float> h = ref_linear(w.cls, rows.front(), w.cls_b);
+      for (float& v : h) v = std::tanh(v);
+      if (!w.cls_out.data) return std::vector<float>{h[0]};
+      return std::vector<float>{ref_linear(w.cls_out, h, w.cls_out_b)[0]};
+    }
+    case Pooling::none: break;
+  }
+  return invalid_argument("the model has no pooling type");
+}
+
 }  // namespace serval

@@ -54,4 +54,11 @@ class ReferenceForward {
   std::vector<float> x_, xn_, q_, k_, v_, att_, attn_out_, proj_, gate_, up_, ffn_;
 };
 
+// The reference of EmbedForward (model/embed_forward.h): one input, pooled
+// with `pooling` (Pooling::none: the model's), unnormalized; out_dim floats.
+// Encoders run the encoder layout token by token with double accumulation;
+// decoders run ReferenceForward and pool its final-normed hidden states.
+Expected<std::vector<float>> reference_embed(const Model& model, std::span<const int32_t> tokens,
+                                             Pooling pooling = Pooling::none, ThreadPool* pool = nullptr);
+
 }  // namespace serval

@@ -19,12 +19,16 @@ const std::vector<SynthShape>& synth_shapes() {
       {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 256, 512, "gemma3"},
       {"qwen3moe-30b-a3b", 2048, 48, 32, 4, 6144, 40960, 128, 0, "qwen3moe", 128, 8, 768},
       {"qwen3moe-tiny", 256, 2, 4, 2, 512, 512, 64, 0, "qwen3moe", 16, 4, 128},
+      {"bert-base", 768, 12, 12, 12, 3072, 512, 0, 0, "bert"},
+      {"bert-tiny", 128, 2, 4, 4, 512, 128, 0, 0, "bert"},
+      {"nomic-embed", 768, 12, 12, 12, 3072, 2048, 0, 0, "nomic-bert"},
   };
   return shapes;
 }
 
 const std::vector<std::string>& synth_archs() {
-  static const std::vector<std::string> archs = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"};
+  static const std::vector<std::string> archs = {"llama",  "qwen2", "qwen3", "qwen3moe",  "gemma2",
+                                                 "gemma3", "phi3",  "bert",  "nomic-bert"};
   return archs;
 }
 
@@ -72,6 +76,120 @@ uint32_t file_type_of(DType t) {
   }
 }
 
+// Encoders (bert, nomic-bert): the tensors llama.cpp's converter writes.
+// Norm weights are 1 + N(0, 0.1) and biases N(0, 0.02), so a forward that
+// skips one shows.
+Status write_synthetic_encoder(const SynthOptions& opt, const std::string& arch, const gguf::GgufFile& vocab,
+                               const std::string& out_path, ThreadPool* pool) {
+  const SynthShape& s = opt.shape;
+  const bool bert = arch == "bert";
+  if (s.n_kv_heads != s.n_heads || s.n_expert > 0 || (s.head_dim > 0 && s.head_dim * s.n_heads != s.dim))
+    return invalid_argument("shape '" + s.name + "' is not an encoder shape (heads = KV heads, no experts)");
+  uint32_t pooling = 1;  // mean
+  if (opt.pooling == "cls") pooling = 2;
+  else if (opt.pooling == "rank") pooling = 4;
+  else if (!opt.pooling.empty() && opt.pooling != "mean")
+    return invalid_argument("--pooling: expected mean, cls or rank, got '" + opt.pooling + "'");
+  if (pooling == 4 && !bert) return invalid_argument("--pooling rank: only the bert family has a classification head");
+  if (!ref::can_quantize(opt.type))
+    return unsupported("cannot write weights of type " + std::string(dtype_name(opt.type)));
+  auto tr = dtype_traits(opt.type);
+  for (int64_t cols : {s.dim, s.ffn_dim})
+    if (cols % tr->block_size != 0)
+      return invalid_argument("shape '" + s.name + "': row length " + std::to_string(cols) +
+                              " is not a multiple of the " + std::string(tr->name) + " block size " +
+                              std::to_string(tr->block_size));
+  auto tokens = vocab.get_array("tokenizer.ggml.tokens", gguf::ValueType::string);
+  if (!tokens.ok()) return tokens.status().with_context("vocab file");
+  const int64_t n_vocab = (int64_t)(*tokens)->items.size();
+  if (n_vocab < 1) return invalid_file("vocab file: tokenizer.ggml.tokens is empty");
+
+  gguf::GgufWriter w;
+  const std::string p = arch + ".";
+  w.add("general.architecture", arch);
+  w.add("general.name", "serval-synthetic-" + s.name + (arch == s.arch ? "" : "-" + arch));
+  w.add("general.file_type", file_type_of(opt.type));
+  w.add("general.quantization_version", uint32_t{2});
+  w.add(p + "context_length", (uint32_t)s.n_ctx);
+  w.add(p + "embedding_length", (uint32_t)s.dim);
+  w.add(p + "block_count", (uint32_t)s.n_layers);
+  w.add(p + "feed_forward_length", (uint32_t)s.ffn_dim);
+  w.add(p + "attention.head_count", (uint32_t)s.n_heads);
+  w.add(p + "attention.layer_norm_epsilon", 1e-12f);
+  w.add(p + "attention.causal", false);
+  w.add(p + "pooling_type", pooling);
+  if (!bert) w.add(p + "rope.freq_base", 1000.0f);
+  for (const auto& kv : vocab.metadata())
+    if (kv.key.rfind("tokenizer.", 0) == 0) w.add(kv.key, kv.value);
+
+  uint64_t tensor_id = 0;
+  const uint64_t seed = opt.seed;
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, DType type) {
+    const uint64_t id = ++tensor_id;
+    w.add_tensor(name, {cols, rows}, type, [=](uint8_t* dst, uint64_t) {
+      const size_t rs = row_size(type, cols);
+      auto work = [&](int64_t b, int64_t e) {
+        std::vector<float> buf((size_t)cols);
+        for (int64_t r = b; r < e; ++r) {
+          gaussian_row(seed, id, (uint64_t)r, 0.02f, buf.data(), cols);
+          ref::quantize_row(type, buf.data(), dst + (size_t)r * rs, cols);
+        }
+      };
+      if (pool) pool->parallel_for(rows, work, 8);
+      else work(0, rows);
+    });
+  };
+  // F32 vector of mean + N(0, sd).
+  auto vec = [&](const std::string& name, int64_t n, float mean, float sd) {
+    const uint64_t id = ++tensor_id;
+    w.add_tensor(name, {n}, DType::f32, [=](uint8_t* dst, uint64_t) {
+      std::vector<float> buf((size_t)n);
+      gaussian_row(seed, id, 0, sd, buf.data(), n);
+      for (float& x : buf) x += mean;
+      std::memcpy(dst, buf.data(), (size_t)n * sizeof(float));
+    });
+  };
+  auto norm = [&](const std::string& name) {
+    vec(name + ".weight", s.dim, 1.0f, 0.1f);
+    vec(name + ".bias", s.dim, 0.0f, 0.02f);
+  };
+  const DType type = opt.type;
+  const int64_t dim = s.dim, ff = s.ffn_dim;
+  matrix("token_embd.weight", n_vocab, dim, type);
+  matrix("token_types.weight", 2, dim, DType::f32);
+  if (bert) matrix("position_embd.weight", s.n_ctx, dim, type);
+  norm("token_embd_norm");
+  for (int64_t i = 0; i < s.n_layers; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    if (bert) {
+      for (const char* t : {"attn_q", "attn_k", "attn_v"}) {
+        matrix(b + t + ".weight", dim, dim, type);
+        vec(b + t + ".bias", dim, 0.0f, 0.02f);
+      }
+    } else {
+      matrix(b + "attn_qkv.weight", 3 * dim, dim, type);
+    }
+    matrix(b + "attn_output.weight", dim, dim, type);
+    if (bert) vec(b + "attn_output.bias", dim, 0.0f, 0.02f);
+    norm(b + "attn_output_norm");
+    matrix(b + "ffn_up.weight", ff, dim, type);
+    if (!bert) matrix(b + "ffn_gate.weight", ff, dim, type);
+    matrix(b + "ffn_down.weight", dim, ff, type);
+    if (bert) {
+      vec(b + "ffn_up.bias", ff, 0.0f, 0.02f);
+      vec(b + "ffn_down.bias", dim, 0.0f, 0.02f);
+    }
+    norm(b + "layer_output_norm");
+  }
+  if (pooling == 4) {
+    matrix("cls.weight", dim, dim, DType::f32);
+    vec("cls.bias", dim, 0.0f, 0.02f);
+    matrix("cls.output.weight", 1, dim, DType::f32);
+    vec("cls.output.bias", 1, 0.0f, 0.02f);
+  }
+  return w.write_file(out_path);
+}
+
 }  // namespace
 
 Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& vocab, const std::string& out_path,
@@ -85,6 +203,8 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
     for (const std::string& a : synth_archs()) names += (names.empty() ? "" : ", ") + a;
     return invalid_argument("unknown architecture '" + arch + "' (known: " + names + ")");
   }
+  if (arch == "bert" || arch == "nomic-bert") return write_synthetic_encoder(opt, arch, vocab, out_path, pool);
+  if (!opt.pooling.empty()) return invalid_argument("--pooling: only the encoder families (bert, nomic-bert) take it");
   const bool gemma = arch == "gemma2" || arch == "gemma3";
   const bool moe = arch == "qwen3moe";
   if (moe && (s.n_expert < 1 || s.n_expert_used < 1 || s.expert_ffn_dim < 1))

@@ -1,5 +1,5 @@
 // Synthetic models: GGUF files of any supported family (llama, qwen2, qwen3,
-// gemma2, gemma3, phi3) with seeded random weights at real model shapes,
+// qwen3moe, gemma2, gemma3, phi3, and the encoders bert and nomic-bert) with seeded random weights at real model shapes,
 // carrying the tokenizer of a vocab-only GGUF, with the keys and tensor names
 // llama.cpp's converter writes for that family. They are the benchmark models
 // of the kernels/engine issues (and load in llama.cpp too). The weights are
@@ -31,7 +31,9 @@ struct SynthShape {
 // Known shapes: "tinyllama-1.1b", "llama-160m", "llama-7b", "tiny" (a test-size
 // model), "qwen3-0.6b", "gemma3-1b" (26 layers, 5 local : 1 global, window 512),
 // "qwen3moe-30b-a3b" (48 layers, 128 experts of 768, 8 used) and
-// "qwen3moe-tiny" (16 experts, 4 used: a test-size MoE).
+// "qwen3moe-tiny" (16 experts, 4 used: a test-size MoE), and encoders:
+// "bert-base" (768 wide, 12 layers, 512 positions), "bert-tiny" (a test-size
+// bert) and "nomic-embed" (nomic-bert, 768 wide, 12 layers).
 const std::vector<SynthShape>& synth_shapes();
 Expected<SynthShape> find_synth_shape(const std::string& name);
 
@@ -49,6 +51,9 @@ struct SynthOptions {
   // for attn_v / ffn_down of the layers its use_more_bits() picks).
   bool q4_k_m = false;
   std::string arch;  // the family to write (synth_archs()); empty: the shape's own
+  // Encoders: pooling_type "mean" (default), "cls" or "rank" (bert: adds
+  // the classification head cls / cls.output of a reranker).
+  std::string pooling;
 };
 
 // Writes the model to `out_path`, taking every `tokenizer.*` key of `vocab`.

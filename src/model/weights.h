@@ -44,6 +44,10 @@ struct LayerWeights {
   std::vector<float> router_bias;               // [n_expert] or empty
   std::vector<Matrix> exp_gate, exp_up, exp_down;  // [n_expert] x [expert_ffn, dim] / [dim, expert_ffn]
   std::vector<float> exp_gate_b, exp_up_b, exp_down_b;  // [n_expert * expert_ffn] x2, [n_expert * dim]; or empty
+  // Encoders (model_config.h EncoderRecipe): the post-attention and output
+  // LayerNorms (weight, bias) and the FFN biases (bert); w_gate only when gated.
+  std::vector<float> attn_out_norm, attn_out_norm_b, layer_out_norm, layer_out_norm_b;  // [dim] each
+  std::vector<float> b_up, b_down;  // [ffn], [dim]; empty when absent
 };
 
 struct ModelWeights {
@@ -54,6 +58,16 @@ struct ModelWeights {
   std::vector<float> rope_factors;   // [rope_dim / 2] or empty: divides each pair's frequency
                                      // (Llama 3 rope_freqs, Phi-3 LongRoPE factors)
   std::vector<LayerWeights> layers;
+  // Encoders: token type 0's embedding (every token is "sentence A", as in
+  // llama.cpp), absolute position embeddings (bert), the embedding LayerNorm,
+  // and the classification head of rerankers (rank pooling).
+  std::vector<float> token_type0;          // [dim]
+  Matrix pos_embd;                         // [n_ctx_train, dim]; absent without EncoderRecipe::abs_pos
+  std::vector<float> embd_norm, embd_norm_b;  // [dim]
+  Matrix cls;                              // [dim, dim] cls.weight; absent without a head
+  std::vector<float> cls_b;                // [dim]
+  Matrix cls_out;                          // [n_cls_out, dim] cls.output.weight; optional
+  std::vector<float> cls_out_b;            // [n_cls_out]
 };
 
 }  // namespace serval

@@ -16,6 +16,16 @@ void rmsnorm(float* out, const float* x, const float* w, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
 }
 
+void layernorm(float* out, const float* x, const float* w, const float* b, int64_t n, float eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const double mean = sum / (double)n;
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += ((double)x[i] - mean) * ((double)x[i] - mean);
+  const double scale = 1.0 / std::sqrt(ss / (double)n + (double)eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (float)(((double)x[i] - mean) * scale) * w[i] + b[i];
+}
+
 void matvec(DType t, const void* w, int64_t rows, int64_t cols, const float* x, float* y) {
   const size_t stride = row_size(t, cols);
   const auto* base = static_cast<const uint8_t*>(w);
@@ -94,6 +104,14 @@ void swiglu(float* out, const float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void gelu(float* x, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = x[i];
+    x[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + 0.044715f * g * g)));
   }
 }
 

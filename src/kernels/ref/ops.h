@@ -13,6 +13,10 @@ namespace serval::ref {
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], i < n. out may alias x.
 void rmsnorm(float* out, const float* x, const float* w, int64_t n, float eps);
 
+// LayerNorm: out[i] = (x[i] - mean(x)) / sqrt(var(x) + eps) * w[i] + b[i],
+// i < n (ggml_norm then the weight and bias; BERT). out may alias x.
+void layernorm(float* out, const float* x, const float* w, const float* b, int64_t n, float eps);
+
 // y[r] = dot(W[r, :], x) for r < rows, W a row-major [rows, cols] matrix of
 // type t (each row row_size(t, cols) bytes, as GGUF stores a [cols, rows] tensor).
 void matvec(DType t, const void* w, int64_t rows, int64_t cols, const float* x, float* y);
@@ -56,6 +60,8 @@ void softmax(float* x, int64_t n);
 
 // out[i] = silu(gate[i]) * up[i].
 void swiglu(float* out, const float* gate, const float* up, int64_t n);
+// x[i] = gelu(x[i]), GELU in its tanh form (ggml_gelu; BERT's FFN), in place.
+void gelu(float* x, int64_t n);
 // out[i] = gelu(gate[i]) * up[i], GELU in its tanh form (ggml_gelu; Gemma).
 void geglu(float* out, const float* gate, const float* up, int64_t n);
 // x[i] = cap * tanh(x[i] / cap), i < n (Gemma 2's logit soft-capping).

@@ -5,11 +5,12 @@
 namespace serval {
 
 extern const Family kLlamaFamily, kQwen2Family, kQwen3Family, kQwen3MoeFamily, kGemma2Family, kGemma3Family,
-    kPhi3Family, kGptOssFamily;
+    kPhi3Family, kGptOssFamily, kBertFamily, kNomicBertFamily;
 
 const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {&kLlamaFamily,  &kQwen2Family,  &kQwen3Family, &kQwen3MoeFamily,
-                                                 &kGemma2Family, &kGemma3Family, &kPhi3Family,  &kGptOssFamily};
+                                                 &kGemma2Family, &kGemma3Family, &kPhi3Family,  &kGptOssFamily,
+                                                 &kBertFamily,  &kNomicBertFamily};
   return all;
 }
 

@@ -1,0 +1,262 @@
+#include "model/embed_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "kernels/matmul.h"
+#include "kernels/ref/ops.h"
+#include "kernels/ref/quants.h"
+#include "kv_cache/kv_storage.h"
+#include "model/batch_forward.h"
+
+namespace serval {
+
+namespace {
+
+// Below this many multiply-adds a call runs on the calling thread alone (as
+// BatchForward does): hand-offs would cost more than the second core gives.
+constexpr int64_t kMinParallelMacs = int64_t(1) << 26;
+
+}  // namespace
+
+void l2_normalize(std::span<float> v) {
+  double ss = 0.0;
+  for (float x : v) ss += (double)x * x;
+  if (ss <= 0.0) return;
+  const double inv = 1.0 / std::sqrt(ss);
+  for (float& x : v) x = (float)(x * inv);
+}
+
+EmbedForward::EmbedForward(const Model& model, ThreadPool* pool, Pooling pooling)
+    : model_(model), pool_(pool), pooling_(pooling == Pooling::none ? model.config().pooling : pooling) {}
+
+int64_t EmbedForward::out_dim() const { return pooling_ == Pooling::rank ? 1 : model_.config().dim; }
+
+Status EmbedForward::embed(std::span<const std::vector<TokenId>> inputs, std::vector<float>* out) {
+  const ModelConfig& c = model_.config();
+  if (pooling_ == Pooling::none)
+    return invalid_argument("the model has no pooling type: it does not produce embeddings");
+  if (pooling_ == Pooling::rank && !model_.weights().cls.data)
+    return invalid_argument("rank pooling needs the model's classification head (cls.weight)");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].empty()) return invalid_argument("input " + std::to_string(i) + " is empty");
+    if (c.encoder && c.enc.abs_pos && (int64_t)inputs[i].size() > c.n_ctx_train)
+      return invalid_argument("input " + std::to_string(i) + " has " + std::to_string(inputs[i].size()) +
+                              " tokens, more than the model's " + std::to_string(c.n_ctx_train) + " positions");
+    for (TokenId t : inputs[i])
+      if (t < 0 || t >= c.n_vocab)
+        return invalid_argument("token id " + std::to_string(t) + " is out of range [0, " +
+                                std::to_string(c.n_vocab) + ")");
+  }
+  out->clear();
+  if (inputs.empty()) return {};
+  return c.encoder ? encode(inputs, out) : decode(inputs, out);
+}
+
+void EmbedForward::pool_rows(std::span<const std::vector<TokenId>> inputs, const float* x, std::vector<float>* out) {
+  const ModelConfig& c = model_.config();
+  const ModelWeights& w = model_.weights();
+  const int64_t dim = c.dim;
+  const int64_t n_in = (int64_t)inputs.size();
+  std::vector<float> first((size_t)(n_in * dim));  // rank: each input's first row
+  out->assign((size_t)(n_in * out_dim()), 0.0f);
+  int64_t at = 0;
+  for (int64_t s = 0; s < n_in; ++s) {
+    const int64_t len = (int64_t)inputs[(size_t)s].size();
+    const float* rows = x + at * dim;
+    float* o = out->data() + s * out_dim();
+    switch (pooling_) {
+      case Pooling::mean: {
+        std::vector<double> acc((size_t)dim, 0.0);
+        for (int64_t t = 0; t < len; ++t)
+          for (int64_t d = 0; d < dim; ++d) acc[(size_t)d] += rows[t * dim + d];
+        for (int64_t d = 0; d < dim; ++d) o[d] = (float)(acc[(size_t)d] / (double)len);
+        break;
+      }
+      case Pooling::cls: std::memcpy(o, rows, (size_t)dim * sizeof(float)); break;
+      case Pooling::last: std::memcpy(o, rows + (len - 1) * dim, (size_t)dim * sizeof(float)); break;
+      case Pooling::rank: std::memcpy(first.data() + s * dim, rows, (size_t)dim * sizeof(float)); break;
+      case Pooling::none: break;
+    }
+    at += len;
+  }
+  if (pooling_ != Pooling::rank) return;
+  // The classification head over the [CLS] rows: tanh(cls x + b), then cls.output.
+  auto mm = [&](const Matrix& m, const float* in, int64_t n, float* y) {
+    if (m.packed) kernels::matmul(*m.packed, in, n, y, nullptr);
+    else kernels::matmul(m.type, m.data, m.rows, m.cols, in, n, y, nullptr);
+  };
+  std::vector<float> h((size_t)(n_in * dim));
+  mm(w.cls, first.data(), n_in, h.data());
+  for (int64_t s = 0; s < n_in; ++s)
+    for (int64_t d = 0; d < dim; ++d) h[(size_t)(s * dim + d)] = std::tanh(h[(size_t)(s * dim + d)] + w.cls_b[(size_t)d]);
+  if (!w.cls_out.data) {
+    for (int64_t s = 0; s < n_in; ++s) (*out)[(size_t)s] = h[(size_t)(s * dim)];
+    return;
+  }
+  const int64_t n_cls = w.cls_out.rows;
+  std::vector<float> y((size_t)(n_in * n_cls));
+  mm(w.cls_out, h.data(), n_in, y.data());
+  for (int64_t s = 0; s < n_in; ++s) (*out)[(size_t)s] = y[(size_t)(s * n_cls)] + w.cls_out_b[0];
+}
+
+Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::vector<float>* out) {
+  const ModelConfig& c = model_.config();
+  const ModelWeights& w = model_.weights();
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hd = c.head_dim, ffn = c.ffn_dim;
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  int64_t n = 0, max_len = 0, attn_macs = 0;
+  std::vector<int64_t> start;
+  for (const auto& in : inputs) {
+    start.push_back(n);
+    n += (int64_t)in.size();
+    max_len = std::max<int64_t>(max_len, (int64_t)in.size());
+    attn_macs += (int64_t)in.size() * (int64_t)in.size() * 2 * q_dim;
+  }
+  const int64_t layer_macs = dim * (2 * q_dim + 2 * kv_dim + (c.enc.gated ? 3 : 2) * ffn);
+  ThreadPool* const pool = c.n_layers * (n * layer_macs + attn_macs) >= kMinParallelMacs ? pool_ : nullptr;
+  auto grow = [n](std::vector<float>& v, int64_t width) {
+    if ((int64_t)v.size() < n * width) v.resize((size_t)(n * width));
+  };
+  grow(x_, dim);
+  grow(q_, q_dim);
+  grow(k_, kv_dim);
+  grow(v_, kv_dim);
+  grow(attn_, q_dim);
+  grow(proj_, dim);
+  grow(up_, ffn);
+  if (c.enc.gated) grow(gate_, ffn);
+  auto mm = [&](const Matrix& m, const float* in, float* y) {
+    if (m.packed) kernels::matmul(*m.packed, in, n, y, pool);
+    else kernels::matmul(m.type, m.data, m.rows, m.cols, in, n, y, pool);
+  };
+  auto add_bias = [n](float* y, const std::vector<float>& b, int64_t width) {
+    if (b.empty()) return;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < width; ++j) y[i * width + j] += b[(size_t)j];
+  };
+
+  // Embeddings: token + type 0 (+ position), then LayerNorm.
+  {
+    std::vector<float> pos_row((size_t)dim);
+    const size_t emb_stride = row_size(w.token_embd.type, dim);
+    for (size_t s = 0; s < inputs.size(); ++s)
+      for (int64_t p = 0; p < (int64_t)inputs[s].size(); ++p) {
+        float* xi = x_.data() + (start[s] + p) * dim;
+        ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)inputs[s][(size_t)p] * emb_stride, xi, dim);
+        for (int64_t d = 0; d < dim; ++d) xi[d] += w.token_type0[(size_t)d];
+        if (c.enc.abs_pos) {
+          ref::dequantize_row(w.pos_embd.type, w.pos_embd.data + (size_t)p * row_size(w.pos_embd.type, dim),
+                              pos_row.data(), dim);
+          for (int64_t d = 0; d < dim; ++d) xi[d] += pos_row[(size_t)d];
+        }
+        ref::layernorm(xi, xi, w.embd_norm.data(), w.embd_norm_b.data(), dim, c.norm_eps);
+      }
+  }
+  // RoPE angles by position (nomic-bert).
+  std::vector<float> cs;
+  if (c.enc.rope) {
+    cs.resize((size_t)(max_len * c.rope_dim));
+    for (int64_t p = 0; p < max_len; ++p) ref::rope_cos_sin(c.rope, p, cs.data() + p * c.rope_dim);
+  }
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int64_t n_tasks = (int64_t)inputs.size() * c.n_heads;
+
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    const LayerWeights& l = w.layers[(size_t)il];
+    mm(l.wq, x_.data(), q_.data());
+    mm(l.wk, x_.data(), k_.data());
+    mm(l.wv, x_.data(), v_.data());
+    add_bias(q_.data(), l.bq, q_dim);
+    add_bias(k_.data(), l.bk, kv_dim);
+    add_bias(v_.data(), l.bv, kv_dim);
+    if (c.enc.rope)
+      for (size_t s = 0; s < inputs.size(); ++s)
+        for (int64_t p = 0; p < (int64_t)inputs[s].size(); ++p) {
+          const int64_t i = start[s] + p;
+          ref::rope_apply(q_.data() + i * q_dim, c.n_heads, hd, c.rope, cs.data() + p * c.rope_dim);
+          ref::rope_apply(k_.data() + i * kv_dim, c.n_kv_heads, hd, c.rope, cs.data() + p * c.rope_dim);
+        }
+    // Attention over the whole input, one task per (input, head).
+    auto attend = [&](int64_t b, int64_t e) {
+      std::vector<float> sc((size_t)max_len);
+      for (int64_t t = b; t < e; ++t) {
+        const size_t s = (size_t)(t / c.n_heads);
+        const int64_t h = t % c.n_heads, kvh = h / group, len = (int64_t)inputs[s].size(), i0 = start[s];
+        for (int64_t i = 0; i < len; ++i) {
+          const float* qi = q_.data() + (i0 + i) * q_dim + h * hd;
+          for (int64_t j = 0; j < len; ++j) {
+            const float* kj = k_.data() + (i0 + j) * kv_dim + kvh * hd;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kj[d];
+            sc[(size_t)j] = dot * scale;
+          }
+          ref::softmax(sc.data(), len);
+          float* o = attn_.data() + (i0 + i) * q_dim + h * hd;
+          std::fill(o, o + hd, 0.0f);
+          for (int64_t j = 0; j < len; ++j) {
+            const float* vj = v_.data() + (i0 + j) * kv_dim + kvh * hd;
+            const float pj = sc[(size_t)j];
+            for (int64_t d = 0; d < hd; ++d) o[d] += pj * vj[d];
+          }
+        }
+      }
+    };
+    if (pool) pool->parallel_for(n_tasks, attend, 1);
+    else attend(0, n_tasks);
+    mm(l.wo, attn_.data(), proj_.data());
+    add_bias(proj_.data(), l.bo, dim);
+    for (int64_t i = 0; i < n; ++i) {
+      float* xi = x_.data() + i * dim;
+      for (int64_t d = 0; d < dim; ++d) xi[d] += proj_[(size_t)(i * dim + d)];
+      ref::layernorm(xi, xi, l.attn_out_norm.data(), l.attn_out_norm_b.data(), dim, c.norm_eps);
+    }
+    mm(l.w_up, x_.data(), up_.data());
+    add_bias(up_.data(), l.b_up, ffn);
+    if (c.enc.gated) {
+      mm(l.w_gate, x_.data(), gate_.data());
+      ref::swiglu(up_.data(), gate_.data(), up_.data(), n * ffn);
+    } else {
+      ref::gelu(up_.data(), n * ffn);
+    }
+    mm(l.w_down, up_.data(), proj_.data());
+    add_bias(proj_.data(), l.b_down, dim);
+    for (int64_t i = 0; i < n; ++i) {
+      float* xi = x_.data() + i * dim;
+      for (int64_t d = 0; d < dim; ++d) xi[d] += proj_[(size_t)(i * dim + d)];
+      ref::layernorm(xi, xi, l.layer_out_norm.data(), l.layer_out_norm_b.data(), dim, c.norm_eps);
+    }
+  }
+  pool_rows(inputs, x_.data(), out);
+  return {};
+}
+
+Status EmbedForward::decode(std::span<const std::vector<TokenId>> inputs, std::vector<float>* out) {
+  const ModelConfig& c = model_.config();
+  constexpr int32_t kBlock = 16;
+  // A scratch KV pool holding exactly this call's inputs, freed on return.
+  int64_t n_blocks = 0;
+  for (const auto& in : inputs) n_blocks += ((int64_t)in.size() + kBlock - 1) / kBlock;
+  if (n_blocks > (1 << 30)) return invalid_argument("embedding batch is too large");
+  auto storage = KvStorage::create(KvGeometry{(int32_t)c.n_layers, (int32_t)c.kv_dim(), kBlock, KvType::f32},
+                                   (int32_t)n_blocks);
+  if (!storage.ok()) return storage.status();
+  std::vector<std::vector<BlockId>> tables(inputs.size());
+  Batch batch;
+  BlockId next = 0;
+  for (size_t s = 0; s < inputs.size(); ++s) {
+    const int64_t len = (int64_t)inputs[s].size();
+    for (int64_t b = 0; b < (len + kBlock - 1) / kBlock; ++b) tables[s].push_back(next++);
+    batch.tokens.insert(batch.tokens.end(), inputs[s].begin(), inputs[s].end());
+    batch.seqs.emplace_back(0, (int32_t)len, tables[s], /*logits=*/false, 1, /*hidden=*/true);
+  }
+  BatchForward fwd(model_, *storage, pool_);
+  std::vector<float> logits, hidden;
+  SERVAL_RETURN_IF_ERROR(fwd.forward(batch, &logits, &hidden));
+  pool_rows(inputs, hidden.data(), out);
+  return {};
+}
+
+}  // namespace serval
