@@ -112,6 +112,14 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-queue-requests", max_queue_requests, "requests in flight before 429")->check(CLI::Range((size_t)1, (size_t)1 << 20));
   app.add_option("--max-queue-tokens", max_queue_tokens, "prompt + max_tokens in flight before 429")->check(CLI::Range((int64_t)1, (int64_t)1 << 40));
   app.add_option("--max-n", max_n, "largest n per request")->check(CLI::Range(1, 128));
+  std::string pooling;
+  app.add_option("--pooling", pooling,
+                 "serve /v1/embeddings from a generation model: pool its final hidden states by mean, cls (first "
+                 "token) or last (default: the file's pooling_type; encoders always embed)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
+  int32_t max_embed_inputs = EngineConfig{}.max_embed_inputs;
+  app.add_option("--max-embed-inputs", max_embed_inputs, "most inputs (or rerank documents) per embeddings request")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--request-timeout", request_timeout, "per-request deadline in seconds (0: none)")->check(CLI::Range(0.0, 86400.0));
   SpecFlags spec;
   spec.add_to(app);
@@ -246,6 +254,9 @@ int cmd_serve(int argc, char** argv) {
   ec.enable_prefix_caching = !no_prefix_cache;
   ec.swa_full = swa_full;
   ec.max_n = max_n;
+  ec.pooling = pooling == "mean" ? Pooling::mean : pooling == "cls" ? Pooling::cls
+             : pooling == "last" ? Pooling::last : Pooling::none;
+  ec.max_embed_inputs = max_embed_inputs;
   if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
   if (!no_batch) {  // batch lines are background work (docs/BATCH.md)
     ec.background_priority = server::OpenAiServer::kBatchPriority;
@@ -332,7 +343,14 @@ int cmd_serve(int argc, char** argv) {
     hs->stop();
   });
   const EngineInfo info = (*engine)->info();
-  log_kv_cache(cmd, **engine);
+  if (info.generates) log_kv_cache(cmd, **engine);
+  if (info.pooling != Pooling::none)
+    std::fprintf(stderr, "serval serve: %s %s (pooling %s, %lld %s)%s\n",
+                 info.pooling == Pooling::rank ? "/v1/rerank" : "/v1/embeddings",
+                 info.generates ? "on as well" : info.pooling == Pooling::rank ? "only: a reranker" : "only: an embedding model",
+                 pooling_name(info.pooling), (long long)info.embedding_dim,
+                 info.pooling == Pooling::rank ? "score per document" : "dimensions",
+                 info.generates ? "" : "; generation routes answer 400");
   std::fprintf(stderr, "serval serve: listening on http://%s:%u  model '%s' (%s, context %lld, %d compute threads)\n",
                host.c_str(), (unsigned)hs->port(), api_raw->model_name().c_str(), info.architecture.c_str(),
                (long long)info.max_model_len, threads > 0 ? threads : ThreadPool::default_threads());

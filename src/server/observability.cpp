@@ -373,6 +373,10 @@ void Observability::write_metrics(mt::ExpositionWriter& w, const EngineStats& s,
   one("serval_prefill_tokens_computed_total", T::counter, "Prompt tokens run through the model (after prefix hits).",
       (double)s.prefill_tokens_computed);
   one("serval_engine_steps_total", T::counter, "Engine steps (batched forward passes).", (double)s.steps);
+  one("serval_embedding_inputs_total", T::counter, "Inputs embedded or scored (embeddings, rerank).",
+      (double)s.embed_inputs);
+  one("serval_embedding_tokens_total", T::counter, "Tokens of the inputs embedded or scored.", (double)s.embed_tokens);
+  one("serval_embedding_busy_seconds_total", T::counter, "Wall time spent in embedding steps.", s.embed_seconds);
   one("serval_engine_busy_seconds_total", T::counter, "Wall time spent in engine steps.", s.step_seconds);
   one("serval_preemptions_total", T::counter, "Sequences preempted for lack of KV blocks.", (double)s.preemptions);
   one("serval_prefix_cache_queries_total", T::counter, "Prompt tokens looked up in the prefix cache.",

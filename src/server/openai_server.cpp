@@ -2,6 +2,7 @@
 
 #include "server/anthropic_api.h"
 #include "server/batch_api.h"
+#include "server/embeddings_api.h"
 #include "server/output_parser.h"
 #include "server/responses_api.h"
 
@@ -482,6 +483,7 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   std::unique_ptr<OpenAiServer> s(new OpenAiServer(engine, std::move(cfg)));
   const EngineInfo info = engine.info();
   if (s->cfg_.model_name.empty()) s->cfg_.model_name = info.model_name;
+  s->engine_info_ = info;
   std::optional<std::string> from_model;
   if (!info.chat_template.empty()) from_model = info.chat_template;
   if (s->cfg_.chat_template || from_model) {
@@ -528,6 +530,10 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
 }
 
 OpenAiServer::~OpenAiServer() {
+  {
+    std::lock_guard<std::mutex> lk(life_->mu);
+    life_->alive = false;
+  }
   stop_reaper_ = true;
   if (reaper_.joinable()) reaper_.join();
 }
@@ -649,6 +655,14 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
     if (req.method != "GET" && req.method != "DELETE") return method_not_allowed(ch, "GET, DELETE");
     return handle_stored_response(req, ch);
   }
+  if (path == "/v1/embeddings" || path == "/embeddings") {
+    if (!post) return method_not_allowed(ch, "POST");
+    return handle_embed(req, ch, false);
+  }
+  if (path == "/v1/rerank" || path == "/rerank" || path == "/v1/reranking" || path == "/reranking") {
+    if (!post) return method_not_allowed(ch, "POST");
+    return handle_embed(req, ch, true);
+  }
   if (path == "/tokenize") {
     if (!post) return method_not_allowed(ch, "POST");
     return handle_tokenize(req, ch);
@@ -759,6 +773,11 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
                                    bool chat, std::shared_ptr<RequestObservation> obs, const InternalCall* internal,
                                    ApiTranslator* translator) {
   obs->set_generation(false);
+  if (!engine_info_.generates)
+    return send_error(ch, bad_request("model: '" + cfg_.model_name + "' is an embedding model (" +
+                                          engine_info_.architecture + "); it does not generate text (use " +
+                                          (engine_info_.pooling == Pooling::rank ? "/v1/rerank" : "/v1/embeddings") + ")",
+                                      "model", "model_not_supported"));
   auto parsed = parse_openai_request(http_req.body, chat, parse_ctx_);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
   ParsedRequest& r = std::get<ParsedRequest>(parsed);
@@ -913,6 +932,77 @@ void OpenAiServer::handle_stored_response(const http::HttpRequest& req,
   auto e = responses_->get(id, owner);
   if (!e) return not_found();
   send_json(ch, 200, dump(e->response));
+}
+
+void OpenAiServer::handle_embed(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch,
+                                bool rerank) {
+  const EngineInfo& info = engine_info_;
+  const std::string name = "'" + cfg_.model_name + "'";
+  if (info.pooling == Pooling::none)
+    return send_error(ch, bad_request("model: " + name +
+                                          " does not produce embeddings (a generation model; serve it with --pooling "
+                                          "mean|cls|last to embed with it)",
+                                      "model", "model_not_supported"));
+  if (rerank && info.pooling != Pooling::rank)
+    return send_error(ch, bad_request("model: " + name + " is not a reranker (its pooling is " +
+                                          pooling_name(info.pooling) + "; use /v1/embeddings)",
+                                      "model", "model_not_supported"));
+  if (!rerank && info.pooling == Pooling::rank)
+    return send_error(ch, bad_request("model: " + name + " is a reranker: it scores pairs (use /v1/rerank)", "model",
+                                      "model_not_supported"));
+  const int64_t max_inputs = engine_.config().max_embed_inputs;
+  EmbedRequest er;
+  std::shared_ptr<EmbeddingsRequest> emb;
+  std::shared_ptr<RerankRequest> rr;
+  if (rerank) {
+    auto p = parse_rerank_request(req.body, parse_ctx_, max_inputs);
+    if (auto* e = std::get_if<ApiError>(&p)) return send_error(ch, *e);
+    rr = std::make_shared<RerankRequest>(std::move(std::get<RerankRequest>(p)));
+    er.inputs = rr->inputs;
+  } else {
+    auto p = parse_embeddings_request(req.body, parse_ctx_, max_inputs, info.embedding_dim);
+    if (auto* e = std::get_if<ApiError>(&p)) return send_error(ch, *e);
+    emb = std::make_shared<EmbeddingsRequest>(std::move(std::get<EmbeddingsRequest>(p)));
+    er.inputs = emb->inputs;
+  }
+  // Admission: embeddings count against the same bounds as generation.
+  int64_t need = 0;
+  for (const auto& in : er.inputs) need += (int64_t)in.size();
+  const size_t reqs = ++inflight_requests_;
+  const int64_t toks = (inflight_tokens_ += need);
+  auto release = [this, need] {
+    --inflight_requests_;
+    inflight_tokens_ -= need;
+  };
+  if (reqs > cfg_.max_inflight_requests || (toks > cfg_.max_inflight_tokens && reqs > 1)) {
+    release();
+    return send_error(ch, ApiError{429, "server is at capacity (" + std::to_string(reqs - 1) + " requests, " +
+                                            std::to_string(toks - need) + " tokens in flight); retry later",
+                                   "rate_limit_error", "", "rate_limit_exceeded"},
+                      {{"Retry-After", "1"}});
+  }
+  auto h = engine_.embed(std::move(er));
+  if (!h.ok()) {
+    release();
+    Status st = h.status();
+    // The engine names inputs; a rerank request's inputs are its documents.
+    if (rr && st.message().rfind("input[", 0) == 0) st = Status(st.code(), "documents" + st.message().substr(5));
+    return send_error(ch, from_status(st));
+  }
+  std::shared_ptr<EmbedHandle> handle = *h;
+  std::weak_ptr<EmbedHandle> weak = handle;
+  ch->on_disconnect([weak] {
+    if (auto hh = weak.lock()) hh->cancel();
+  });
+  // Runs once, on the engine thread (or here, if already done); a server
+  // destroyed meanwhile (life_->alive false) is not touched.
+  handle->set_notify([this, life = life_, ch, handle, emb, rr, release] {
+    std::lock_guard<std::mutex> lk(life->mu);
+    if (!life->alive) return;
+    release();
+    if (!handle->error.ok()) return send_error(ch, from_status(handle->error));
+    send_json(ch, 200, rr ? rerank_response(*rr, *handle) : embeddings_response(*emb, *handle));
+  });
 }
 
 void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {

@@ -114,6 +114,8 @@ class OpenAiServer {
   // replica still. Answers {"paused": bool} once the engine is in that state.
   void handle_engine_control(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
+  // /v1/embeddings (rerank false) and /v1/rerank (embeddings_api.h).
+  void handle_embed(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch, bool rerank);
   void handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra = {});
   void send_json(const std::shared_ptr<http::ResponseChannel>& ch, int status, const std::string& body);
@@ -125,6 +127,14 @@ class OpenAiServer {
   void reaper_loop();
 
   Engine& engine_;
+  EngineInfo engine_info_;  // fixed for the engine's life
+  // Whether the server still exists, for callbacks that run on the engine
+  // thread (embedding completions): they lock mu and do nothing once alive is false.
+  struct Life {
+    std::mutex mu;
+    bool alive = true;
+  };
+  std::shared_ptr<Life> life_ = std::make_shared<Life>();
   ServerConfig cfg_;
   std::optional<ChatTemplate> chat_template_;
   bool reasoning_ = false;  // chat outputs have <think> blocks split off (reasoning_format)

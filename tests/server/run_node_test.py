@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Runs node/openai_sdk_test.mjs and node/anthropic_sdk_test.mjs (the official
-OpenAI and Anthropic Node SDKs against `serval serve`): installs the SDKs from
-node/package-lock.json with `npm ci` into a work folder (a build folder:
-nothing is written to the source tree), starts a server with an API key and
+"""Runs node/openai_sdk_test.mjs, node/anthropic_sdk_test.mjs and
+node/embeddings_sdk_test.mjs (the official OpenAI and Anthropic Node SDKs
+against `serval serve`): installs the SDKs from node/package-lock.json with
+`npm ci` into a work folder (a build folder: nothing is written to the source
+tree), starts a server with an API key (stories260K, and a synthetic bert
+embedding model written by `serval gguf synth` for the embeddings script) and
 runs each script against it.
 
 Skips (prints SKIP, exits 0) only when `node` or `npm` is not installed; a
@@ -27,7 +29,7 @@ from harness import Config, Server  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_SRC = os.path.join(HERE, "node")
-SCRIPTS = ("openai_sdk_test.mjs", "anthropic_sdk_test.mjs")
+SCRIPTS = ("openai_sdk_test.mjs", "anthropic_sdk_test.mjs", "embeddings_sdk_test.mjs")
 FILES = ("package.json", "package-lock.json", "runner.mjs") + SCRIPTS
 NAME = "server_openai_node"
 
@@ -79,25 +81,39 @@ def main():
     key = "sk-serval-node-test"
     model_id = "stories260K"
     try:
-        with tempfile.TemporaryDirectory(prefix="serval-node-batch-") as batch_dir, \
-                Server("--api-key", key, "--served-model-name", model_id, "--batch-dir", batch_dir, name="node") as srv:
-            env = dict(os.environ, SERVAL_BASE_URL=f"http://127.0.0.1:{srv.port}/v1", SERVAL_API_KEY=key,
-                       SERVAL_MODEL_ID=model_id,
-                       SERVAL_GOLDEN=os.path.join(Config.shared, "golden", "stories260K-greedy.json"))
-            env.pop("OPENAI_BASE_URL", None)
-            env.pop("OPENAI_API_KEY", None)
-            rc = 0
-            for script in SCRIPTS:
-                p = subprocess.run([node, os.path.join(a.work, script)], cwd=a.work, env=env, timeout=240)
-                rc = rc or p.returncode
-            if rc != 0:
-                harness._print_log_tails()
+        with tempfile.TemporaryDirectory(prefix="serval-node-batch-") as batch_dir:
+            bert = os.path.join(batch_dir, "bert-tiny.gguf")
+            subprocess.run([Config.serval, "gguf", "synth", "--shape", "bert-tiny", "--type", "f16", "-t", "1",
+                            "--vocab", os.path.join(Config.shared, "tokenizer-vectors", "ggml-vocab-bert-bge.gguf"),
+                            "-o", bert], check=True, capture_output=True)
+            with Server("--api-key", key, "--served-model-name", model_id, "--batch-dir", batch_dir,
+                        name="node") as srv, \
+                    Server("--api-key", key, "--served-model-name", "bert-tiny", name="node-embed", model=bert,
+                           chat_template=False) as emb:
+                rc = run_scripts(node, a.work, srv, emb, key, model_id)
     except AssertionError as e:
         print(f"FAIL {NAME}: {e}")
         print(f"{NAME}: 0 passed, 1 failed")
         return 1
     print(f"  ({time.monotonic() - t_start:.1f} s)")
     return 0 if rc == 0 else 1
+
+
+def run_scripts(node, work, srv, emb, key, model_id):
+    """Each script against the servers; 0 when all pass."""
+    env = dict(os.environ, SERVAL_BASE_URL=f"http://127.0.0.1:{srv.port}/v1", SERVAL_API_KEY=key,
+               SERVAL_MODEL_ID=model_id, SERVAL_EMBED_BASE_URL=f"http://127.0.0.1:{emb.port}/v1",
+               SERVAL_EMBED_MODEL_ID="bert-tiny",
+               SERVAL_GOLDEN=os.path.join(Config.shared, "golden", "stories260K-greedy.json"))
+    env.pop("OPENAI_BASE_URL", None)
+    env.pop("OPENAI_API_KEY", None)
+    rc = 0
+    for script in SCRIPTS:
+        p = subprocess.run([node, os.path.join(work, script)], cwd=work, env=env, timeout=240)
+        rc = rc or p.returncode
+    if rc != 0:
+        harness._print_log_tails()
+    return rc
 
 
 if __name__ == "__main__":

@@ -1,0 +1,229 @@
+#include "server/embeddings_api.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "model/embed_forward.h"
+#include "server/api_translation.h"
+#include "tokenizer/vocab.h"
+
+namespace serval::server {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+namespace {
+
+// The body as a JSON object, depth-bounded, and its "model" checked as the
+// generation routes check it.
+std::variant<json, ApiError> parse_body(const std::string& body, const ParseContext& ctx, std::string* model) {
+  if (json_depth(body) > ctx.limits.max_json_depth)
+    return bad_request("request body nests deeper than " + std::to_string(ctx.limits.max_json_depth) + " levels");
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    return bad_request(std::string("request body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) return bad_request("request body must be a JSON object");
+  *model = ctx.model_name;
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return bad_request("model: expected a string", "model");
+    const std::string m = it->get<std::string>();
+    if (!m.empty() && m != ctx.model_name &&
+        std::find(ctx.model_aliases.begin(), ctx.model_aliases.end(), m) == ctx.model_aliases.end())
+      return ApiError{404, "The model '" + m + "' does not exist (this server serves '" + ctx.model_name + "')",
+                      "invalid_request_error", "model", "model_not_found"};
+    if (!m.empty()) *model = m;
+  }
+  return j;
+}
+
+// A text's tokens (the body's size bounds the text; the engine bounds the
+// tokens by the context), with or without the vocab's special tokens.
+std::optional<ApiError> text_input(const ParseContext& ctx, const json& v, const std::string& field,
+                                   std::vector<TokenId>* out, bool add_special = true) {
+  const std::string& s = v.get_ref<const std::string&>();
+  if (s.empty()) return bad_request(field + ": must not be an empty string", field);
+  *out = ctx.tok->encode(s, add_special, /*parse_special=*/false);
+  return std::nullopt;
+}
+
+std::optional<ApiError> token_input(const ParseContext& ctx, const json& arr, const std::string& field,
+                                    std::vector<TokenId>* out) {
+  if (arr.empty()) return bad_request(field + ": must not be empty", field);
+  for (const auto& t : arr) {
+    if (!t.is_number_integer()) return bad_request(field + ": token ids must be integers", field);
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= ctx.n_vocab)
+      return bad_request(field + ": token id " + std::to_string(id) + " is out of range [0, " +
+                             std::to_string(ctx.n_vocab) + ")",
+                         field, "invalid_token_id");
+    out->push_back((TokenId)id);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string base64_encode(const void* data, size_t n) {
+  static const char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto* p = static_cast<const uint8_t*>(data);
+  std::string out;
+  out.reserve((n + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= n; i += 3) {
+    const uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+    for (int k = 18; k >= 0; k -= 6) out.push_back(kAlphabet[(v >> k) & 63]);
+  }
+  if (i < n) {
+    const uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0u);
+    out.push_back(kAlphabet[(v >> 18) & 63]);
+    out.push_back(kAlphabet[(v >> 12) & 63]);
+    out.push_back(i + 1 < n ? kAlphabet[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+std::variant<EmbeddingsRequest, ApiError> parse_embeddings_request(const std::string& body, const ParseContext& ctx,
+                                                                   int64_t max_inputs, int64_t dim) {
+  EmbeddingsRequest r;
+  auto pj = parse_body(body, ctx, &r.model);
+  if (auto* e = std::get_if<ApiError>(&pj)) return *e;
+  const json& j = std::get<json>(pj);
+  auto in = j.find("input");
+  if (in == j.end() || in->is_null()) return bad_request("input: required", "input");
+  if (in->is_string()) {
+    r.inputs.emplace_back();
+    if (auto e = text_input(ctx, *in, "input", &r.inputs.back())) return *e;
+  } else if (in->is_array()) {
+    if (in->empty()) return bad_request("input: must not be an empty array", "input");
+    if ((*in)[0].is_number()) {  // one input as token ids
+      r.inputs.emplace_back();
+      if (auto e = token_input(ctx, *in, "input", &r.inputs.back())) return *e;
+    } else {
+      if ((int64_t)in->size() > max_inputs)
+        return bad_request("input: " + std::to_string(in->size()) + " inputs, at most " + std::to_string(max_inputs) +
+                               " per request",
+                           "input");
+      for (size_t i = 0; i < in->size(); ++i) {
+        const json& v = (*in)[i];
+        const std::string field = "input[" + std::to_string(i) + "]";
+        r.inputs.emplace_back();
+        if (v.is_string()) {
+          if (auto e = text_input(ctx, v, field, &r.inputs.back())) return *e;
+        } else if (v.is_array()) {
+          if (auto e = token_input(ctx, v, field, &r.inputs.back())) return *e;
+        } else {
+          return bad_request(field + ": expected a string or an array of token ids", field);
+        }
+      }
+    }
+  } else {
+    return bad_request("input: expected a string, an array of strings, or token ids", "input");
+  }
+  if (auto f = j.find("encoding_format"); f != j.end() && !f->is_null()) {
+    if (!f->is_string() || (*f != "float" && *f != "base64"))
+      return bad_request("encoding_format: expected 'float' or 'base64'", "encoding_format");
+    r.base64 = *f == "base64";
+  }
+  if (auto d = j.find("dimensions"); d != j.end() && !d->is_null()) {
+    if (!d->is_number_integer() || d->get<int64_t>() < 1 || d->get<int64_t>() > dim)
+      return bad_request("dimensions: expected an integer in [1, " + std::to_string(dim) + "] for this model",
+                         "dimensions");
+    r.dimensions = d->get<int64_t>();
+  }
+  if (auto u = j.find("user"); u != j.end() && !u->is_null() && !u->is_string())
+    return bad_request("user: expected a string", "user");
+  return r;
+}
+
+std::variant<RerankRequest, ApiError> parse_rerank_request(const std::string& body, const ParseContext& ctx,
+                                                           int64_t max_inputs) {
+  RerankRequest r;
+  auto pj = parse_body(body, ctx, &r.model);
+  if (auto* e = std::get_if<ApiError>(&pj)) return *e;
+  const json& j = std::get<json>(pj);
+  auto q = j.find("query");
+  if (q == j.end() || !q->is_string()) return bad_request("query: expected a string", "query");
+  // The texts' tokens alone: the specials are placed around the pair.
+  std::vector<TokenId> query;
+  if (auto e = text_input(ctx, *q, "query", &query, false)) return *e;
+  auto docs = j.find("documents");
+  if (docs == j.end() || !docs->is_array() || docs->empty())
+    return bad_request("documents: expected a non-empty array of strings", "documents");
+  if ((int64_t)docs->size() > max_inputs)
+    return bad_request("documents: " + std::to_string(docs->size()) + " documents, at most " +
+                           std::to_string(max_inputs) + " per request",
+                       "documents");
+  const Vocab& v = ctx.tok->vocab();
+  for (size_t i = 0; i < docs->size(); ++i) {
+    const std::string field = "documents[" + std::to_string(i) + "]";
+    const json* d = &(*docs)[i];
+    if (d->is_object() && d->contains("text")) d = &(*d)["text"];
+    if (!d->is_string()) return bad_request(field + ": expected a string (or {\"text\": ...})", field);
+    std::vector<TokenId> dt;
+    if (auto e = text_input(ctx, *d, field, &dt, false)) return *e;
+    r.documents.push_back(d->get<std::string>());
+    std::vector<TokenId> pair;
+    if (v.bos != kNoToken) pair.push_back(v.bos);
+    pair.insert(pair.end(), query.begin(), query.end());
+    if (v.eos != kNoToken) pair.push_back(v.eos);
+    if (v.sep != kNoToken) pair.push_back(v.sep);
+    pair.insert(pair.end(), dt.begin(), dt.end());
+    pair.push_back(v.eos != kNoToken ? v.eos : v.sep);
+    if (pair.back() == kNoToken) pair.pop_back();
+    r.inputs.push_back(std::move(pair));
+  }
+  r.top_n = (int64_t)r.documents.size();
+  if (auto t = j.find("top_n"); t != j.end() && !t->is_null()) {
+    if (!t->is_number_integer() || t->get<int64_t>() < 1)
+      return bad_request("top_n: expected a positive integer", "top_n");
+    r.top_n = std::min<int64_t>(t->get<int64_t>(), r.top_n);
+  }
+  if (auto rd = j.find("return_documents"); rd != j.end() && !rd->is_null()) {
+    if (!rd->is_boolean()) return bad_request("return_documents: expected a boolean", "return_documents");
+    r.return_documents = rd->get<bool>();
+  }
+  return r;
+}
+
+std::string embeddings_response(const EmbeddingsRequest& r, const EmbedHandle& h) {
+  const size_t dim = (size_t)h.dim, keep = r.dimensions > 0 ? (size_t)r.dimensions : dim;
+  ordered_json data = ordered_json::array();
+  std::vector<float> e(keep);
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    std::copy(h.data.begin() + (ptrdiff_t)(i * dim), h.data.begin() + (ptrdiff_t)(i * dim + keep), e.begin());
+    l2_normalize(e);
+    ordered_json item = {{"object", "embedding"}, {"index", i}};
+    if (r.base64) item["embedding"] = base64_encode(e.data(), e.size() * sizeof(float));  // x86-64: little-endian
+    else item["embedding"] = e;
+    data.push_back(std::move(item));
+  }
+  return json_text(ordered_json{{"object", "list"},
+                                {"data", std::move(data)},
+                                {"model", r.model},
+                                {"usage", {{"prompt_tokens", h.prompt_tokens}, {"total_tokens", h.prompt_tokens}}}});
+}
+
+std::string rerank_response(const RerankRequest& r, const EmbedHandle& h) {
+  std::vector<size_t> order(r.documents.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return h.data[a] > h.data[b]; });
+  ordered_json results = ordered_json::array();
+  for (int64_t k = 0; k < r.top_n; ++k) {
+    const size_t i = order[(size_t)k];
+    ordered_json item = {{"index", i}, {"relevance_score", h.data[i]}};
+    if (r.return_documents) item["document"] = {{"text", r.documents[i]}};
+    results.push_back(std::move(item));
+  }
+  return json_text(ordered_json{{"id", random_hex_id("rerank-", 24)},
+                                {"model", r.model},
+                                {"results", std::move(results)},
+                                {"usage", {{"prompt_tokens", h.prompt_tokens}, {"total_tokens", h.prompt_tokens}}}});
+}
+
+}  // namespace serval::server
