@@ -238,7 +238,7 @@ int cmd_serve(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto loaded = load_model(cmd, model_path);
+  auto loaded = load_model(cmd, model_path, /*generation=*/false);
   if (!loaded) return 2;
   const std::shared_ptr<const Model>& m = loaded->model;
   const Tokenizer* tok = loaded->tok.get();

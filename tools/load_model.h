@@ -28,10 +28,17 @@ inline std::vector<std::string> model_file_ids(const std::string& path) {
   return ids;
 }
 
-inline std::optional<LoadedModel> load_model(const std::string& cmd, const std::string& path) {
+// generation: the subcommand generates (or scores) text, so an encoder
+// (bert, nomic-bert: embeddings only) is refused with a line saying so.
+inline std::optional<LoadedModel> load_model(const std::string& cmd, const std::string& path, bool generation = true) {
   auto model = Model::load(path);
   if (!model.ok()) {
     std::fprintf(stderr, "%s: %s\n", cmd.c_str(), model.status().message().c_str());
+    return std::nullopt;
+  }
+  if (generation && (*model)->config().encoder) {
+    std::fprintf(stderr, "%s: '%s' is an embedding model (%s): it does not generate text (serval serve answers "
+                 "/v1/embeddings with it)\n", cmd.c_str(), path.c_str(), (*model)->config().arch.c_str());
     return std::nullopt;
   }
   LoadedModel l;

@@ -150,6 +150,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   const KvGeometry& g = kv_.geometry();
   const int64_t n = (int64_t)batch.tokens.size();
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hd = c.head_dim;
+  if (c.encoder) return invalid_argument("'" + c.arch + "' is an encoder: it embeds (EmbedForward), never decodes");
   if (g.kv_dim != kv_dim || g.n_layers != c.n_layers)
     return invalid_argument("KV storage geometry does not match the model");
   if (std::string why = kv_type_check(g.type, hd); !why.empty()) return invalid_argument(why);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 
+#include "kernels/activation.h"
 #include "kernels/matmul.h"
 #include "kernels/ref/ops.h"
 #include "kernels/ref/quants.h"
@@ -108,9 +109,10 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hd = c.head_dim, ffn = c.ffn_dim;
   const int64_t group = c.n_heads / c.n_kv_heads;
   int64_t n = 0, max_len = 0, attn_macs = 0;
-  std::vector<int64_t> start;
+  std::vector<int64_t> start, pos;  // each input's first token; each token's position in its input
   for (const auto& in : inputs) {
     start.push_back(n);
+    for (size_t p = 0; p < in.size(); ++p) pos.push_back((int64_t)p);
     n += (int64_t)in.size();
     max_len = std::max<int64_t>(max_len, (int64_t)in.size());
     attn_macs += (int64_t)in.size() * (int64_t)in.size() * 2 * q_dim;
@@ -132,29 +134,33 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
     if (m.packed) kernels::matmul(*m.packed, in, n, y, pool);
     else kernels::matmul(m.type, m.data, m.rows, m.cols, in, n, y, pool);
   };
-  auto add_bias = [n](float* y, const std::vector<float>& b, int64_t width) {
-    if (b.empty()) return;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < width; ++j) y[i * width + j] += b[(size_t)j];
+  // fn(i) for every token i, over the pool (element-wise work: the order
+  // within a token never depends on the split).
+  auto rows = [&](const std::function<void(int64_t)>& fn) {
+    auto range = [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) fn(i);
+    };
+    if (pool) pool->parallel_for(n, range, 8);
+    else range(0, n);
   };
 
   // Embeddings: token + type 0 (+ position), then LayerNorm.
-  {
-    std::vector<float> pos_row((size_t)dim);
-    const size_t emb_stride = row_size(w.token_embd.type, dim);
-    for (size_t s = 0; s < inputs.size(); ++s)
-      for (int64_t p = 0; p < (int64_t)inputs[s].size(); ++p) {
-        float* xi = x_.data() + (start[s] + p) * dim;
-        ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)inputs[s][(size_t)p] * emb_stride, xi, dim);
-        for (int64_t d = 0; d < dim; ++d) xi[d] += w.token_type0[(size_t)d];
-        if (c.enc.abs_pos) {
-          ref::dequantize_row(w.pos_embd.type, w.pos_embd.data + (size_t)p * row_size(w.pos_embd.type, dim),
-                              pos_row.data(), dim);
-          for (int64_t d = 0; d < dim; ++d) xi[d] += pos_row[(size_t)d];
-        }
-        ref::layernorm(xi, xi, w.embd_norm.data(), w.embd_norm_b.data(), dim, c.norm_eps);
-      }
-  }
+  std::vector<TokenId> tokens;
+  for (const auto& in : inputs) tokens.insert(tokens.end(), in.begin(), in.end());
+  const size_t emb_stride = row_size(w.token_embd.type, dim);
+  rows([&](int64_t i) {
+    thread_local std::vector<float> pos_row;
+    float* xi = x_.data() + i * dim;
+    ref::dequantize_row(w.token_embd.type, w.token_embd.data + (size_t)tokens[(size_t)i] * emb_stride, xi, dim);
+    for (int64_t d = 0; d < dim; ++d) xi[d] += w.token_type0[(size_t)d];
+    if (c.enc.abs_pos) {
+      pos_row.resize((size_t)dim);
+      ref::dequantize_row(w.pos_embd.type, w.pos_embd.data + (size_t)pos[(size_t)i] * row_size(w.pos_embd.type, dim),
+                          pos_row.data(), dim);
+      for (int64_t d = 0; d < dim; ++d) xi[d] += pos_row[(size_t)d];
+    }
+    ref::layernorm(xi, xi, w.embd_norm.data(), w.embd_norm_b.data(), dim, c.norm_eps);
+  });
   // RoPE angles by position (nomic-bert).
   std::vector<float> cs;
   if (c.enc.rope) {
@@ -169,16 +175,19 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
     mm(l.wq, x_.data(), q_.data());
     mm(l.wk, x_.data(), k_.data());
     mm(l.wv, x_.data(), v_.data());
-    add_bias(q_.data(), l.bq, q_dim);
-    add_bias(k_.data(), l.bk, kv_dim);
-    add_bias(v_.data(), l.bv, kv_dim);
-    if (c.enc.rope)
-      for (size_t s = 0; s < inputs.size(); ++s)
-        for (int64_t p = 0; p < (int64_t)inputs[s].size(); ++p) {
-          const int64_t i = start[s] + p;
-          ref::rope_apply(q_.data() + i * q_dim, c.n_heads, hd, c.rope, cs.data() + p * c.rope_dim);
-          ref::rope_apply(k_.data() + i * kv_dim, c.n_kv_heads, hd, c.rope, cs.data() + p * c.rope_dim);
-        }
+    rows([&](int64_t i) {
+      float* q = q_.data() + i * q_dim;
+      float* k = k_.data() + i * kv_dim;
+      float* v = v_.data() + i * kv_dim;
+      for (size_t j = 0; j < l.bq.size(); ++j) q[j] += l.bq[j];
+      for (size_t j = 0; j < l.bk.size(); ++j) k[j] += l.bk[j];
+      for (size_t j = 0; j < l.bv.size(); ++j) v[j] += l.bv[j];
+      if (c.enc.rope) {
+        const float* cs_i = cs.data() + pos[(size_t)i] * c.rope_dim;
+        ref::rope_apply(q, c.n_heads, hd, c.rope, cs_i);
+        ref::rope_apply(k, c.n_kv_heads, hd, c.rope, cs_i);
+      }
+    });
     // Attention over the whole input, one task per (input, head).
     auto attend = [&](int64_t b, int64_t e) {
       std::vector<float> sc((size_t)max_len);
@@ -187,12 +196,8 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
         const int64_t h = t % c.n_heads, kvh = h / group, len = (int64_t)inputs[s].size(), i0 = start[s];
         for (int64_t i = 0; i < len; ++i) {
           const float* qi = q_.data() + (i0 + i) * q_dim + h * hd;
-          for (int64_t j = 0; j < len; ++j) {
-            const float* kj = k_.data() + (i0 + j) * kv_dim + kvh * hd;
-            float dot = 0.0f;
-            for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kj[d];
-            sc[(size_t)j] = dot * scale;
-          }
+          for (int64_t j = 0; j < len; ++j)
+            sc[(size_t)j] = kernels::dot_f32(qi, k_.data() + (i0 + j) * kv_dim + kvh * hd, hd) * scale;
           ref::softmax(sc.data(), len);
           float* o = attn_.data() + (i0 + i) * q_dim + h * hd;
           std::fill(o, o + hd, 0.0f);
@@ -207,27 +212,29 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
     if (pool) pool->parallel_for(n_tasks, attend, 1);
     else attend(0, n_tasks);
     mm(l.wo, attn_.data(), proj_.data());
-    add_bias(proj_.data(), l.bo, dim);
-    for (int64_t i = 0; i < n; ++i) {
+    // x = LayerNorm(x + a + bo): per token, over the pool.
+    rows([&](int64_t i) {
       float* xi = x_.data() + i * dim;
-      for (int64_t d = 0; d < dim; ++d) xi[d] += proj_[(size_t)(i * dim + d)];
+      const float* pi = proj_.data() + i * dim;
+      for (int64_t d = 0; d < dim; ++d) xi[d] += pi[d] + (l.bo.empty() ? 0.0f : l.bo[(size_t)d]);
       ref::layernorm(xi, xi, l.attn_out_norm.data(), l.attn_out_norm_b.data(), dim, c.norm_eps);
-    }
+    });
     mm(l.w_up, x_.data(), up_.data());
-    add_bias(up_.data(), l.b_up, ffn);
-    if (c.enc.gated) {
-      mm(l.w_gate, x_.data(), gate_.data());
-      ref::swiglu(up_.data(), gate_.data(), up_.data(), n * ffn);
-    } else {
-      ref::gelu(up_.data(), n * ffn);
-    }
+    if (c.enc.gated) mm(l.w_gate, x_.data(), gate_.data());
+    rows([&](int64_t i) {
+      float* ui = up_.data() + i * ffn;
+      if (!l.b_up.empty())
+        for (int64_t f = 0; f < ffn; ++f) ui[f] += l.b_up[(size_t)f];
+      if (c.enc.gated) ref::swiglu(ui, gate_.data() + i * ffn, ui, ffn);
+      else kernels::gelu(ui, ffn);
+    });
     mm(l.w_down, up_.data(), proj_.data());
-    add_bias(proj_.data(), l.b_down, dim);
-    for (int64_t i = 0; i < n; ++i) {
+    rows([&](int64_t i) {
       float* xi = x_.data() + i * dim;
-      for (int64_t d = 0; d < dim; ++d) xi[d] += proj_[(size_t)(i * dim + d)];
+      const float* pi = proj_.data() + i * dim;
+      for (int64_t d = 0; d < dim; ++d) xi[d] += pi[d] + (l.b_down.empty() ? 0.0f : l.b_down[(size_t)d]);
       ref::layernorm(xi, xi, l.layer_out_norm.data(), l.layer_out_norm_b.data(), dim, c.norm_eps);
-    }
+    });
   }
   pool_rows(inputs, x_.data(), out);
   return {};

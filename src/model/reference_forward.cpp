@@ -47,6 +47,7 @@ void ReferenceForward::matvec(const Matrix& m, const float* x, float* y) {
 Status ReferenceForward::eval(int32_t token, std::span<float> logits, std::span<float> hidden) {
   const ModelConfig& c = model_.config();
   const ModelWeights& w = model_.weights();
+  if (c.encoder) return invalid_argument("'" + c.arch + "' is an encoder: reference_embed() runs it");
   if (token < 0 || token >= c.n_vocab)
     return invalid_argument("token id " + std::to_string(token) + " is out of range [0, " +
                             std::to_string(c.n_vocab) + ")");

@@ -51,7 +51,9 @@ def setup():
         with contextlib.ExitStack() as st:
             for s in servers.values():
                 st.enter_context(s)
-            yield {k: s.port for k, s in servers.items()}
+            ports = {k: s.port for k, s in servers.items()}
+            ports["bert_path"] = bert
+            yield ports
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -210,6 +212,15 @@ def bad_requests_name_the_field(ports):
         check_error_body(post(ports["rank"], R, body), 400, f"rerank {body!r:.60}", param=param)
     # The server is unharmed.
     eq(post(p, E, {"input": "still fine"}).status, 200, "still serving")
+
+
+@suite.test
+def generation_commands_refuse_an_encoder(ports):
+    for args in (["run", "-p", "hello", "-n", "4"], ["bench", "model", "-p", "8", "-n", "4", "-r", "1"]):
+        p = subprocess.run([Config.serval, args[0], "-m", ports["bert_path"], *args[1:]], capture_output=True,
+                           text=True, timeout=60)
+        eq(p.returncode, 2, f"serval {args[0]}: exit status ({p.stderr[-300:]!r})")
+        check("is an embedding model (bert)" in p.stderr, f"serval {args[0]}: says why ({p.stderr[-300:]!r})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+#include "kernels/activation.h"
+
+#include <bit>
+
+namespace serval::kernels {
+
+namespace {
+
+// exp(t) for t in [-87, 87] (callers clamp): t = k ln2 + r, |r| <= ln2/2,
+// exp(r) by its Taylor polynomial to r^6, times 2^k built in the exponent bits.
+inline float exp_reduced(float t) {
+  constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float kf = (t * kLog2e + kRound) - kRound;
+  const float r = (t - kf * kLn2Hi) - kf * kLn2Lo;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t k = (int32_t)kf;
+  return p * std::bit_cast<float>((k + 127) << 23);
+}
+
+}  // namespace
+
+void gelu(float* x, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    float t = -2.0f * kSqrt2OverPi * v * (1.0f + 0.044715f * v * v);  // -2u
+    t = t > 87.0f ? 87.0f : t;  // minps / maxps with -fno-trapping-math (src/CMakeLists.txt)
+    t = t < -87.0f ? -87.0f : t;
+    x[i] = v / (1.0f + exp_reduced(t));
+  }
+}
+
+}  // namespace serval::kernels
