@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <random>
 
+#include "edited_gguf.h"
 #include "gguf/gguf_reader.h"
 #include "model/embed_forward.h"
 #include "model/model.h"
@@ -188,6 +189,51 @@ TEST(EmbedForward, DecoderPoolsFinalNormedStates) {
   EmbedForward none(**m, nullptr);
   std::vector<float> out;
   EXPECT_EQ(none.embed(in, &out).code(), StatusCode::invalid_argument);
+}
+
+TEST(EmbedForward, EncoderKeysAndTensorsAreCheckedByName) {
+  const fs::path path = fs::temp_directory_path() / ("serval-embed-edit-" + std::to_string(::getpid()) + ".gguf");
+  auto vocab = gguf::GgufFile::open(kBertVocab);
+  ASSERT_TRUE(vocab.ok());
+  SynthOptions opt(*find_synth_shape("bert-tiny"), DType::f32, 3);
+  ASSERT_TRUE(write_synthetic_model(opt, *vocab, path.string()).ok());
+  auto expect_error = [](const Expected<std::unique_ptr<Model>>& m, const std::string& needle) {
+    ASSERT_FALSE(m.ok()) << "loaded, expected: " << needle;
+    EXPECT_NE(m.status().message().find(needle), std::string::npos) << m.status().message();
+  };
+  auto set = [](const std::string& key, gguf::Value v) {
+    return [key, v](const std::string& k, gguf::Value* out) {
+      if (k == key) *out = v;
+      return true;
+    };
+  };
+  // A causal bert changes the math: refused.
+  expect_error(test::load_edited_model(path.string(), set("bert.attention.causal", gguf::Value(true))),
+               "'bert.attention.causal' = true");
+  // Rank pooling without the classification head.
+  expect_error(test::load_edited_model(path.string(), set("bert.pooling_type", gguf::Value(uint32_t{4}))),
+               "tensor 'cls.weight' (the classification head) is missing");
+  // A missing encoder tensor and a misshapen one are named.
+  expect_error(test::load_edited_model(path.string(), nullptr,
+                                       [](const std::string& n, std::vector<int64_t>*) { return n != "blk.1.attn_output_norm.bias"; }),
+               "blk.1.attn_output_norm.bias");
+  expect_error(test::load_edited_model(path.string(), nullptr,
+                                       [](const std::string& n, std::vector<int64_t>* d) {
+                                         if (n == "token_embd_norm.bias") (*d)[0] = 64;
+                                         return true;
+                                       }),
+               "token_embd_norm.bias");
+  // An unknown extra tensor (it would change the math) is refused by name.
+  expect_error(test::load_edited_model(path.string(), nullptr, nullptr, {}, {{"blk.0.attn_q_norm.weight", {128}}}),
+               "blk.0.attn_q_norm.weight");
+  // Pooling out of range.
+  expect_error(test::load_edited_model(path.string(), set("bert.pooling_type", gguf::Value(uint32_t{9}))),
+               "bert.pooling_type");
+  fs::remove(path);
+  // A decoder cannot be a reranker.
+  expect_error(test::load_edited_model(kShared + "/models/arch/mini-qwen3-F16.gguf", nullptr, nullptr,
+                                       {{"qwen3.pooling_type", gguf::Value(uint32_t{4})}}),
+               "rerankers of the 'qwen3' family are not supported");
 }
 
 TEST(EmbedForward, BadInputsAreRefused) {

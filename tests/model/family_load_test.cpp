@@ -168,7 +168,8 @@ TEST(FamilyLoad, KeysThatChangeTheMathAreAppliedOrRefused) {
 
 TEST(FamilyLoad, UnsupportedArchitecturesAreNamed) {
   expect_error(load_edited("mini-llama3-F16.gguf", set_key("general.architecture", gguf::Value(std::string("mamba")))),
-               "unsupported architecture 'mamba' (supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss)");
+               "unsupported architecture 'mamba' (supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, "
+               "bert, nomic-bert)");
   // Experts on a family without them.
   expect_error(load_edited("mini-qwen3-F16.gguf", nullptr, nullptr, {{"qwen3.expert_count", gguf::Value(uint32_t{8})}}),
                "mixture-of-experts 'qwen3' models are not supported");

@@ -216,9 +216,10 @@ def bad_requests_name_the_field(ports):
 
 @suite.test
 def generation_commands_refuse_an_encoder(ports):
-    for args in (["run", "-p", "hello", "-n", "4"], ["bench", "model", "-p", "8", "-n", "4", "-r", "1"]):
-        p = subprocess.run([Config.serval, args[0], "-m", ports["bert_path"], *args[1:]], capture_output=True,
-                           text=True, timeout=60)
+    m = ports["bert_path"]
+    for args in (["run", "-m", m, "-p", "hello", "-n", "4"], ["bench", "model", "-m", m, "-p", "8", "-n", "4", "-r", "1"],
+                 ["chat", "-m", m]):
+        p = subprocess.run([Config.serval, *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         eq(p.returncode, 2, f"serval {args[0]}: exit status ({p.stderr[-300:]!r})")
         check("is an embedding model (bert)" in p.stderr, f"serval {args[0]}: says why ({p.stderr[-300:]!r})")
 
