@@ -197,6 +197,12 @@ def main():
               {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 1}}},
               {"error": {"message": "m", "type": "server_error", "param": None, "code": None}}]
     stream = "\n".join(json.dumps(c) for c in chunks).encode()
+    # embeddings_api: first byte even = /v1/embeddings, odd = /v1/rerank.
+    write("embeddings_api", "strings", b"\0" + json.dumps({"input": ["hello there", "x"], "encoding_format": "base64",
+                                                            "dimensions": 4, "model": "stories260K"}).encode())
+    write("embeddings_api", "token_ids", b"\0" + json.dumps({"input": [[1, 2, 3], [4]], "user": "u"}).encode())
+    write("embeddings_api", "rerank", b"\1" + json.dumps({"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1,
+                                                          "return_documents": True}).encode())
     write("api_translation", "anthropic_stream", b"\2" + stream)
     write("api_translation", "responses_stream", b"\3" + stream)
     whole = {"model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
