@@ -319,7 +319,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
     return invalid_argument("--pooling rank: only encoders with a classification head rank");
   if (cfg.max_embed_inputs < 1) return invalid_argument("max embed inputs must be >= 1");
   if ((cfg.pooling != Pooling::none ? cfg.pooling : mc.pooling) != Pooling::none)
-    impl->embedder = std::make_unique<EmbedForward>(m, impl->pool.get(), cfg.pooling);
+    impl->embedder = std::make_unique<EmbedForward>(m, impl->pool.get(), cfg.pooling, cfg.kv_type);
   for (TokenId t = 0; t < impl->tok.n_vocab(); ++t)
     if (impl->tok.is_eog(t)) impl->eog.push_back(t);
   impl->stats.kv_blocks_total = (int32_t)n_blocks;
@@ -439,8 +439,7 @@ Expected<std::shared_ptr<EmbedHandle>> Engine::embed(EmbedRequest req) {
   if ((int64_t)req.inputs.size() > cfg.max_embed_inputs)
     return invalid_argument("input: " + std::to_string(req.inputs.size()) + " inputs, at most " +
                             std::to_string(cfg.max_embed_inputs) + " per request");
-  const int64_t max_len = mc.encoder && mc.enc.abs_pos ? std::min<int64_t>(cfg.max_model_len, mc.n_ctx_train)
-                                                       : cfg.max_model_len;
+  const int64_t max_len = impl_->max_embed_len();
   int64_t total = 0;
   for (size_t i = 0; i < req.inputs.size(); ++i) {
     const auto& in = req.inputs[i];
@@ -482,6 +481,7 @@ EngineInfo Engine::info() const {
   if (impl_->embedder) {
     i.pooling = impl_->embedder->pooling();
     i.embedding_dim = impl_->embedder->out_dim();
+    i.max_embed_len = impl_->max_embed_len();
   }
   return i;
 }

@@ -133,6 +133,12 @@ struct Engine::Impl {
     size_t next = 0;  // inputs [0, next) are done
   };
   std::unique_ptr<EmbedForward> embedder;  // null when the model does not embed
+  // Tokens one embedding input may have: the context (encoders with absolute
+  // positions: at most their trained positions).
+  int64_t max_embed_len() const {
+    const ModelConfig& mc = model->config();
+    return mc.encoder && mc.enc.abs_pos ? std::min<int64_t>(cfg.max_model_len, mc.n_ctx_train) : cfg.max_model_len;
+  }
   std::deque<EmbedJob> embed_queue;        // loop-owned
 
   // Inbox (any thread -> loop).

@@ -592,13 +592,21 @@ void Engine::Impl::fail_open_requests() {
     j.handle->error = st;
     j.handle->finish();
   }
-  std::lock_guard<std::mutex> lk(inbox_mu);
-  for (auto& rs : inbox) {
+  // Taken out under the lock, failed after it: a notify callback may call
+  // back into the engine.
+  std::vector<std::unique_ptr<RequestState>> in;
+  std::vector<EmbedJob> embeds;
+  {
+    std::lock_guard<std::mutex> lk(inbox_mu);
+    in.swap(inbox);
+    embeds.swap(embed_inbox);
+  }
+  for (auto& rs : in) {
     OutputEvent ev;
     ev.error = st;
     rs->stream->push(std::move(ev));
   }
-  for (auto& j : embed_inbox) {
+  for (auto& j : embeds) {
     j.handle->error = st;
     j.handle->finish();
   }

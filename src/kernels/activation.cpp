@@ -31,9 +31,13 @@ void gelu(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     float t = -2.0f * kSqrt2OverPi * v * (1.0f + 0.044715f * v * v);  // -2u
-    t = t > 87.0f ? 87.0f : t;  // minps / maxps with -fno-trapping-math (src/CMakeLists.txt)
-    t = t < -87.0f ? -87.0f : t;
-    x[i] = v / (1.0f + exp_reduced(t));
+    // Selects, not branches (minps / maxps / blend with -fno-trapping-math,
+    // src/CMakeLists.txt); written so that a NaN t becomes a number (the
+    // float-to-int conversion below must never see one; v carries the NaN).
+    t = t < 87.0f ? t : 87.0f;
+    t = t > -87.0f ? t : -87.0f;
+    const float y = v / (1.0f + exp_reduced(t));
+    x[i] = v < -10.0f ? -0.0f : y;  // gelu(v) < 1e-22 in magnitude there; v / (1 + e^87) is not, for huge |v|
   }
 }
 

@@ -30,8 +30,9 @@ void l2_normalize(std::span<float> v) {
   for (float& x : v) x = (float)(x * inv);
 }
 
-EmbedForward::EmbedForward(const Model& model, ThreadPool* pool, Pooling pooling)
-    : model_(model), pool_(pool), pooling_(pooling == Pooling::none ? model.config().pooling : pooling) {}
+EmbedForward::EmbedForward(const Model& model, ThreadPool* pool, Pooling pooling, KvType scratch_kv)
+    : model_(model), pool_(pool), pooling_(pooling == Pooling::none ? model.config().pooling : pooling),
+      scratch_kv_(scratch_kv) {}
 
 int64_t EmbedForward::out_dim() const { return pooling_ == Pooling::rank ? 1 : model_.config().dim; }
 
@@ -92,7 +93,8 @@ void EmbedForward::pool_rows(std::span<const std::vector<TokenId>> inputs, const
   std::vector<float> h((size_t)(n_in * dim));
   mm(w.cls, first.data(), n_in, h.data());
   for (int64_t s = 0; s < n_in; ++s)
-    for (int64_t d = 0; d < dim; ++d) h[(size_t)(s * dim + d)] = std::tanh(h[(size_t)(s * dim + d)] + w.cls_b[(size_t)d]);
+    for (int64_t d = 0; d < dim; ++d)
+      h[(size_t)(s * dim + d)] = std::tanh(h[(size_t)(s * dim + d)] + (w.cls_b.empty() ? 0.0f : w.cls_b[(size_t)d]));
   if (!w.cls_out.data) {
     for (int64_t s = 0; s < n_in; ++s) (*out)[(size_t)s] = h[(size_t)(s * dim)];
     return;
@@ -100,7 +102,8 @@ void EmbedForward::pool_rows(std::span<const std::vector<TokenId>> inputs, const
   const int64_t n_cls = w.cls_out.rows;
   std::vector<float> y((size_t)(n_in * n_cls));
   mm(w.cls_out, h.data(), n_in, y.data());
-  for (int64_t s = 0; s < n_in; ++s) (*out)[(size_t)s] = y[(size_t)(s * n_cls)] + w.cls_out_b[0];
+  for (int64_t s = 0; s < n_in; ++s)
+    (*out)[(size_t)s] = y[(size_t)(s * n_cls)] + (w.cls_out_b.empty() ? 0.0f : w.cls_out_b[0]);
 }
 
 Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::vector<float>* out) {
@@ -247,7 +250,7 @@ Status EmbedForward::decode(std::span<const std::vector<TokenId>> inputs, std::v
   int64_t n_blocks = 0;
   for (const auto& in : inputs) n_blocks += ((int64_t)in.size() + kBlock - 1) / kBlock;
   if (n_blocks > (1 << 30)) return invalid_argument("embedding batch is too large");
-  auto storage = KvStorage::create(KvGeometry{(int32_t)c.n_layers, (int32_t)c.kv_dim(), kBlock, KvType::f32},
+  auto storage = KvStorage::create(KvGeometry{(int32_t)c.n_layers, (int32_t)c.kv_dim(), kBlock, scratch_kv_},
                                    (int32_t)n_blocks);
   if (!storage.ok()) return storage.status();
   std::vector<std::vector<BlockId>> tables(inputs.size());

@@ -5,8 +5,9 @@
 //     token of every input at once (each weight matrix read once per call).
 //   - Decoders (a llama/qwen3/... file with a pooling type, e.g.
 //     Qwen3-Embedding, or one the caller pools) run BatchForward over a
-//     scratch KV pool sized for the call and pool its final-normed hidden
-//     states (causal attention, as the model was trained).
+//     scratch KV pool sized for the call (of the caller's KV type; freed on
+//     return: at most one call's tokens of KV, outside the engine's pool) and
+//     pool its final-normed hidden states (causal attention, as trained).
 // Rank pooling ends in the classification head and yields one score.
 //
 // Batch invariance: an input's output depends only on its own tokens, never
@@ -25,13 +26,16 @@
 #include "common/thread_pool.h"
 #include "model/model.h"
 #include "serval/types.h"
+#include "tensor/kv_type.h"
 
 namespace serval {
 
 class EmbedForward {
  public:
-  // pooling: Pooling::none takes the model's own (config().pooling).
-  EmbedForward(const Model& model, ThreadPool* pool, Pooling pooling = Pooling::none);
+  // pooling: Pooling::none takes the model's own (config().pooling);
+  // scratch_kv: the KV type of decoders' scratch pool.
+  EmbedForward(const Model& model, ThreadPool* pool, Pooling pooling = Pooling::none,
+               KvType scratch_kv = KvType::f16);
 
   // The pooling this instance applies, and the floats one input yields
   // (dim; 1 for rank: the score).
@@ -53,6 +57,7 @@ class EmbedForward {
   const Model& model_;
   ThreadPool* pool_;
   Pooling pooling_;
+  KvType scratch_kv_;
   std::vector<float> x_, q_, k_, v_, attn_, proj_, up_, gate_;  // scratch, [n_tokens, ...]
 };
 

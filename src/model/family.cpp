@@ -210,14 +210,14 @@ Status load_encoder(TensorLoader& ld, const ModelConfig& c, ModelWeights& w) {
   // Classification head (rerankers): cls, then cls.output when present.
   SERVAL_RETURN_IF_ERROR(ld.matrix("cls.weight", dim, dim, &w.cls, /*optional=*/true));
   if (w.cls.data) {
-    SERVAL_RETURN_IF_ERROR(ld.vec("cls.bias", dim, &w.cls_b));
+    SERVAL_RETURN_IF_ERROR(ld.vec("cls.bias", dim, &w.cls_b, /*optional=*/true));  // optional, as in llama.cpp
     if (const gguf::TensorInfo* co = f.find_tensor("cls.output.weight")) {
       const int64_t n_out = co->dims.size() == 2 ? co->dims[1] : 1;
       if (n_out < 1 || n_out > dim)
         return invalid_file("tensor 'cls.output.weight': expected shape [" + std::to_string(dim) + ", n], got " +
                             shape_str(co->dims));
       SERVAL_RETURN_IF_ERROR(ld.matrix("cls.output.weight", n_out, dim, &w.cls_out));
-      SERVAL_RETURN_IF_ERROR(ld.vec("cls.output.bias", n_out, &w.cls_out_b));
+      SERVAL_RETURN_IF_ERROR(ld.vec("cls.output.bias", n_out, &w.cls_out_b, /*optional=*/true));
     }
   }
   if (c.pooling == Pooling::rank && !w.cls.data)

@@ -88,8 +88,15 @@ std::string base64_encode(const void* data, size_t n) {
   return out;
 }
 
+std::optional<ApiError> check_len(const std::vector<TokenId>& in, int64_t max_len, const std::string& field) {
+  if ((int64_t)in.size() <= max_len) return std::nullopt;
+  return bad_request(field + ": " + std::to_string(in.size()) + " tokens, more than the context of " +
+                         std::to_string(max_len),
+                     field);
+}
+
 std::variant<EmbeddingsRequest, ApiError> parse_embeddings_request(const std::string& body, const ParseContext& ctx,
-                                                                   int64_t max_inputs, int64_t dim) {
+                                                                   int64_t max_inputs, int64_t max_len, int64_t dim) {
   EmbeddingsRequest r;
   auto pj = parse_body(body, ctx, &r.model);
   if (auto* e = std::get_if<ApiError>(&pj)) return *e;
@@ -99,11 +106,13 @@ std::variant<EmbeddingsRequest, ApiError> parse_embeddings_request(const std::st
   if (in->is_string()) {
     r.inputs.emplace_back();
     if (auto e = text_input(ctx, *in, "input", &r.inputs.back())) return *e;
+    if (auto e = check_len(r.inputs.back(), max_len, "input[0]")) return *e;
   } else if (in->is_array()) {
     if (in->empty()) return bad_request("input: must not be an empty array", "input");
     if ((*in)[0].is_number()) {  // one input as token ids
       r.inputs.emplace_back();
       if (auto e = token_input(ctx, *in, "input", &r.inputs.back())) return *e;
+      if (auto e = check_len(r.inputs.back(), max_len, "input[0]")) return *e;
     } else {
       if ((int64_t)in->size() > max_inputs)
         return bad_request("input: " + std::to_string(in->size()) + " inputs, at most " + std::to_string(max_inputs) +
@@ -120,6 +129,7 @@ std::variant<EmbeddingsRequest, ApiError> parse_embeddings_request(const std::st
         } else {
           return bad_request(field + ": expected a string or an array of token ids", field);
         }
+        if (auto e = check_len(r.inputs.back(), max_len, field)) return *e;
       }
     }
   } else {
@@ -138,11 +148,12 @@ std::variant<EmbeddingsRequest, ApiError> parse_embeddings_request(const std::st
   }
   if (auto u = j.find("user"); u != j.end() && !u->is_null() && !u->is_string())
     return bad_request("user: expected a string", "user");
+  r.n_inputs = (int64_t)r.inputs.size();
   return r;
 }
 
 std::variant<RerankRequest, ApiError> parse_rerank_request(const std::string& body, const ParseContext& ctx,
-                                                           int64_t max_inputs) {
+                                                           int64_t max_inputs, int64_t max_len) {
   RerankRequest r;
   auto pj = parse_body(body, ctx, &r.model);
   if (auto* e = std::get_if<ApiError>(&pj)) return *e;
@@ -152,6 +163,8 @@ std::variant<RerankRequest, ApiError> parse_rerank_request(const std::string& bo
   // The texts' tokens alone: the specials are placed around the pair.
   std::vector<TokenId> query;
   if (auto e = text_input(ctx, *q, "query", &query, false)) return *e;
+  // A pair adds at most four special tokens to the query and the document.
+  if (auto e = check_len(query, max_len - 4, "query")) return *e;
   auto docs = j.find("documents");
   if (docs == j.end() || !docs->is_array() || docs->empty())
     return bad_request("documents: expected a non-empty array of strings", "documents");
@@ -167,6 +180,10 @@ std::variant<RerankRequest, ApiError> parse_rerank_request(const std::string& bo
     if (!d->is_string()) return bad_request(field + ": expected a string (or {\"text\": ...})", field);
     std::vector<TokenId> dt;
     if (auto e = text_input(ctx, *d, field, &dt, false)) return *e;
+    if ((int64_t)(query.size() + dt.size()) + 4 > max_len)
+      return bad_request(field + ": " + std::to_string(dt.size()) + " tokens, with the query's " +
+                             std::to_string(query.size()) + ", more than the context of " + std::to_string(max_len),
+                         field);
     r.documents.push_back(d->get<std::string>());
     std::vector<TokenId> pair;
     if (v.bos != kNoToken) pair.push_back(v.bos);
@@ -195,7 +212,7 @@ std::string embeddings_response(const EmbeddingsRequest& r, const EmbedHandle& h
   const size_t dim = (size_t)h.dim, keep = r.dimensions > 0 ? (size_t)r.dimensions : dim;
   ordered_json data = ordered_json::array();
   std::vector<float> e(keep);
-  for (size_t i = 0; i < r.inputs.size(); ++i) {
+  for (size_t i = 0; i < (size_t)r.n_inputs && (i + 1) * dim <= h.data.size(); ++i) {
     std::copy(h.data.begin() + (ptrdiff_t)(i * dim), h.data.begin() + (ptrdiff_t)(i * dim + keep), e.begin());
     l2_normalize(e);
     ordered_json item = {{"object", "embedding"}, {"index", i}};

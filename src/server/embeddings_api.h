@@ -28,6 +28,7 @@ namespace serval::server {
 struct EmbeddingsRequest {
   std::string model;
   std::vector<std::vector<TokenId>> inputs;
+  int64_t n_inputs = 0;  // inputs.size() as parsed (the inputs may move on to the engine)
   bool base64 = false;
   int64_t dimensions = 0;  // 0: all of them
 };
@@ -40,11 +41,13 @@ struct RerankRequest {
   bool return_documents = false;
 };
 
-// max_inputs bounds the inputs (documents); dim is the model's embedding size.
+// max_inputs bounds the inputs (documents), max_len the tokens of each (the
+// query and a document together, for rerank: checked before a pair is
+// built); dim is the model's embedding size.
 std::variant<EmbeddingsRequest, ApiError> parse_embeddings_request(const std::string& body, const ParseContext& ctx,
-                                                                   int64_t max_inputs, int64_t dim);
+                                                                   int64_t max_inputs, int64_t max_len, int64_t dim);
 std::variant<RerankRequest, ApiError> parse_rerank_request(const std::string& body, const ParseContext& ctx,
-                                                           int64_t max_inputs);
+                                                           int64_t max_inputs, int64_t max_len);
 
 // The response bodies from a finished EmbedHandle (h.error ok).
 std::string embeddings_response(const EmbeddingsRequest& r, const EmbedHandle& h);

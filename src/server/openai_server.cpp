@@ -954,16 +954,17 @@ void OpenAiServer::handle_embed(const http::HttpRequest& req, const std::shared_
   EmbedRequest er;
   std::shared_ptr<EmbeddingsRequest> emb;
   std::shared_ptr<RerankRequest> rr;
+  // The inputs move to the engine; the parsed request keeps what the response needs.
   if (rerank) {
-    auto p = parse_rerank_request(req.body, parse_ctx_, max_inputs);
+    auto p = parse_rerank_request(req.body, parse_ctx_, max_inputs, info.max_embed_len);
     if (auto* e = std::get_if<ApiError>(&p)) return send_error(ch, *e);
     rr = std::make_shared<RerankRequest>(std::move(std::get<RerankRequest>(p)));
-    er.inputs = rr->inputs;
+    er.inputs = std::move(rr->inputs);
   } else {
-    auto p = parse_embeddings_request(req.body, parse_ctx_, max_inputs, info.embedding_dim);
+    auto p = parse_embeddings_request(req.body, parse_ctx_, max_inputs, info.max_embed_len, info.embedding_dim);
     if (auto* e = std::get_if<ApiError>(&p)) return send_error(ch, *e);
     emb = std::make_shared<EmbeddingsRequest>(std::move(std::get<EmbeddingsRequest>(p)));
-    er.inputs = emb->inputs;
+    er.inputs = std::move(emb->inputs);
   }
   // Admission: embeddings count against the same bounds as generation.
   int64_t need = 0;

@@ -208,7 +208,9 @@ def bad_requests_name_the_field(ports):
                         ({"query": "q", "documents": []}, "documents"), ({"query": "q", "documents": [3]}, "documents[0]"),
                         ({"query": "q", "documents": ["d"], "top_n": 0}, "top_n"),
                         ({"query": "q", "documents": ["d"] * (2049)}, "documents"),
-                        ({"query": "q", "documents": ["d", " ".join(["word"] * 300)]}, "documents[1]")]:
+                        ({"query": "q", "documents": ["d", " ".join(["word"] * 300)]}, "documents[1]"),
+                        ({"query": " ".join(["word"] * 126), "documents": ["d"]}, "query"),
+                        ({"query": " ".join(["word"] * 100), "documents": ["d", " ".join(["word"] * 30)]}, "documents[1]")]:
         check_error_body(post(ports["rank"], R, body), 400, f"rerank {body!r:.60}", param=param)
     # The server is unharmed.
     eq(post(p, E, {"input": "still fine"}).status, 200, "still serving")
