@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 #include <random>
 
@@ -26,17 +28,18 @@ namespace fs = std::filesystem;
 const std::string kShared = SERVAL_SHARED_DIR;
 const std::string kBertVocab = kShared + "/tokenizer-vectors/ggml-vocab-bert-bge.gguf";
 
-// A synthetic encoder, written once per (arch, type, pooling) into the temp dir.
-std::shared_ptr<const Model> synth_encoder(const std::string& arch, DType type, const std::string& pooling = "") {
+// A synthetic encoder, written once per (arch, type, pooling, seed) into the temp dir.
+std::shared_ptr<const Model> synth_encoder(const std::string& arch, DType type, const std::string& pooling = "",
+                                           uint64_t seed = 7) {
   static std::map<std::string, std::shared_ptr<const Model>> cache;
-  const std::string key = arch + "-" + std::string(dtype_name(type)) + "-" + pooling;
+  const std::string key = arch + "-" + std::string(dtype_name(type)) + "-" + pooling + "-" + std::to_string(seed);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   const fs::path path = fs::temp_directory_path() / ("serval-embed-test-" + std::to_string(::getpid()) + "-" + key + ".gguf");
   auto vocab = gguf::GgufFile::open(kBertVocab);
   EXPECT_TRUE(vocab.ok()) << vocab.status().message();
   auto shape = find_synth_shape("bert-tiny");
   EXPECT_TRUE(shape.ok());
-  SynthOptions opt(*shape, type, 7);
+  SynthOptions opt(*shape, type, seed);
   opt.arch = arch;
   opt.pooling = pooling;
   Status st = write_synthetic_model(opt, *vocab, path.string());
@@ -131,6 +134,33 @@ TEST(EmbedForward, NomicBertMatchesReferenceAtF32) {
   const auto in = random_inputs(m->config().n_vocab, {1, 5, 64, 200}, 2);
   const Agreement a = compare(*m, *m, in);
   EXPECT_LE(a.max_abs, 1e-5);
+}
+
+// Against llama.cpp itself: tests/model/golden_llama_cpp_embeddings.json holds
+// the token ids and normalized embeddings llama.cpp's llama-embedding (commit
+// c392e50, --embd-normalize 2, 7 decimals) printed for the files `serval gguf
+// synth --shape bert-tiny [--arch nomic-bert] --type f32` writes with its
+// default seed 42 (the writer is deterministic).
+TEST(EmbedForward, MatchesLlamaCppOnTheSameFiles) {
+  std::ifstream in(std::string(SERVAL_SOURCE_DIR) + "/tests/model/golden_llama_cpp_embeddings.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json g = nlohmann::json::parse(in);
+  ASSERT_EQ(g["cases"].size(), 4u);
+  for (const auto& cs : g["cases"]) {
+    const std::string arch = cs["arch"];
+    auto m = synth_encoder(arch, DType::f32, "", 42);
+    const std::vector<std::vector<TokenId>> in1 = {cs["tokens"].get<std::vector<TokenId>>()};
+    EmbedForward fwd(*m, nullptr);
+    std::vector<float> out;
+    ASSERT_TRUE(fwd.embed(in1, &out).ok());
+    l2_normalize(out);
+    const std::vector<float> want = cs["embedding"].get<std::vector<float>>();
+    ASSERT_EQ(out.size(), want.size());
+    double max_abs = 0;
+    for (size_t i = 0; i < out.size(); ++i) max_abs = std::max(max_abs, (double)std::fabs(out[i] - want[i]));
+    EXPECT_GE(cosine(out.data(), want.data(), (int64_t)out.size()), 0.99999) << arch << ": " << cs["text"];
+    EXPECT_LE(max_abs, 1e-5) << arch << ": " << cs["text"];
+  }
 }
 
 TEST(EmbedForward, F16WeightsStayWithinCosine) {
