@@ -76,6 +76,83 @@ uint32_t file_type_of(DType t) {
   }
 }
 
+// The checks and keys every synthetic file shares: a type serval can write,
+// rows that are whole blocks of it, the vocab's size; then general.* and the
+// shape's common keys, with every tokenizer.* key of the vocab.
+Status check_synth(const SynthShape& s, DType type, std::initializer_list<int64_t> row_lengths) {
+  if (!ref::can_quantize(type)) return unsupported("cannot write weights of type " + std::string(dtype_name(type)));
+  auto tr = dtype_traits(type);
+  for (int64_t cols : row_lengths)
+    if (cols % tr->block_size != 0)
+      return invalid_argument("shape '" + s.name + "': row length " + std::to_string(cols) +
+                              " is not a multiple of the " + std::string(tr->name) + " block size " +
+                              std::to_string(tr->block_size));
+  return {};
+}
+
+Expected<int64_t> vocab_size(const gguf::GgufFile& vocab) {
+  auto tokens = vocab.get_array("tokenizer.ggml.tokens", gguf::ValueType::string);
+  if (!tokens.ok()) return tokens.status().with_context("vocab file");
+  const int64_t n_vocab = (int64_t)(*tokens)->items.size();
+  if (n_vocab < 1) return invalid_file("vocab file: tokenizer.ggml.tokens is empty");
+  return n_vocab;
+}
+
+void add_common_keys(gguf::GgufWriter& w, const SynthShape& s, const std::string& arch, DType type,
+                     const gguf::GgufFile& vocab) {
+  const std::string p = arch + ".";
+  w.add("general.architecture", arch);
+  w.add("general.name", "serval-synthetic-" + s.name + (arch == s.arch ? "" : "-" + arch));
+  w.add("general.file_type", file_type_of(type));
+  w.add("general.quantization_version", uint32_t{2});
+  w.add(p + "context_length", (uint32_t)s.n_ctx);
+  w.add(p + "embedding_length", (uint32_t)s.dim);
+  w.add(p + "block_count", (uint32_t)s.n_layers);
+  w.add(p + "feed_forward_length", (uint32_t)s.ffn_dim);
+  w.add(p + "attention.head_count", (uint32_t)s.n_heads);
+  for (const auto& kv : vocab.metadata())
+    if (kv.key.rfind("tokenizer.", 0) == 0) w.add(kv.key, kv.value);
+}
+
+// Adds seeded N(0, 0.02) matrices to a writer, quantized row by row (rows in
+// parallel); each tensor draws from its own stream (its order of addition).
+class MatrixWriter {
+ public:
+  MatrixWriter(gguf::GgufWriter& w, uint64_t seed, ThreadPool* pool) : w_(w), seed_(seed), pool_(pool) {}
+  // A [rows, cols] matrix; n_mat > 0: a 3-D stack of n_mat of them (expert tensors).
+  void matrix(const std::string& name, int64_t rows, int64_t cols, DType type, int64_t n_mat = 0) {
+    const uint64_t id = next_id();
+    std::vector<int64_t> dims = {cols, rows};
+    if (n_mat > 0) {
+      dims.push_back(n_mat);
+      rows *= n_mat;
+    }
+    ThreadPool* pool = pool_;
+    const uint64_t seed = seed_;
+    w_.add_tensor(name, dims, type, [=](uint8_t* dst, uint64_t) {
+      const size_t rs = row_size(type, cols);
+      auto work = [&](int64_t b, int64_t e) {
+        std::vector<float> buf((size_t)cols);
+        for (int64_t r = b; r < e; ++r) {
+          gaussian_row(seed, id, (uint64_t)r, 0.02f, buf.data(), cols);
+          ref::quantize_row(type, buf.data(), dst + (size_t)r * rs, cols);
+        }
+      };
+      if (pool) pool->parallel_for(rows, work, 8);
+      else work(0, rows);
+    });
+  }
+  // The id of the next tensor (callers that add tensors of their own keep the streams in step).
+  uint64_t next_id() { return ++tensor_id_; }
+  uint64_t seed() const { return seed_; }
+
+ private:
+  gguf::GgufWriter& w_;
+  uint64_t seed_;
+  ThreadPool* pool_;
+  uint64_t tensor_id_ = 0;
+};
+
 // Encoders (bert, nomic-bert): the tensors llama.cpp's converter writes.
 // Norm weights are 1 + N(0, 0.1) and biases N(0, 0.02), so a forward that
 // skips one shows.
@@ -91,57 +168,25 @@ Status write_synthetic_encoder(const SynthOptions& opt, const std::string& arch,
   else if (!opt.pooling.empty() && opt.pooling != "mean")
     return invalid_argument("--pooling: expected mean, cls or rank, got '" + opt.pooling + "'");
   if (pooling == 4 && !bert) return invalid_argument("--pooling rank: only the bert family has a classification head");
-  if (!ref::can_quantize(opt.type))
-    return unsupported("cannot write weights of type " + std::string(dtype_name(opt.type)));
-  auto tr = dtype_traits(opt.type);
-  for (int64_t cols : {s.dim, s.ffn_dim})
-    if (cols % tr->block_size != 0)
-      return invalid_argument("shape '" + s.name + "': row length " + std::to_string(cols) +
-                              " is not a multiple of the " + std::string(tr->name) + " block size " +
-                              std::to_string(tr->block_size));
-  auto tokens = vocab.get_array("tokenizer.ggml.tokens", gguf::ValueType::string);
-  if (!tokens.ok()) return tokens.status().with_context("vocab file");
-  const int64_t n_vocab = (int64_t)(*tokens)->items.size();
-  if (n_vocab < 1) return invalid_file("vocab file: tokenizer.ggml.tokens is empty");
+  SERVAL_RETURN_IF_ERROR(check_synth(s, opt.type, {s.dim, s.ffn_dim}));
+  auto n_vocab = vocab_size(vocab);
+  if (!n_vocab.ok()) return n_vocab.status();
 
   gguf::GgufWriter w;
   const std::string p = arch + ".";
-  w.add("general.architecture", arch);
-  w.add("general.name", "serval-synthetic-" + s.name + (arch == s.arch ? "" : "-" + arch));
-  w.add("general.file_type", file_type_of(opt.type));
-  w.add("general.quantization_version", uint32_t{2});
-  w.add(p + "context_length", (uint32_t)s.n_ctx);
-  w.add(p + "embedding_length", (uint32_t)s.dim);
-  w.add(p + "block_count", (uint32_t)s.n_layers);
-  w.add(p + "feed_forward_length", (uint32_t)s.ffn_dim);
-  w.add(p + "attention.head_count", (uint32_t)s.n_heads);
+  add_common_keys(w, s, arch, opt.type, vocab);
   w.add(p + "attention.layer_norm_epsilon", 1e-12f);
   w.add(p + "attention.causal", false);
   w.add(p + "pooling_type", pooling);
   if (!bert) w.add(p + "rope.freq_base", 1000.0f);
-  for (const auto& kv : vocab.metadata())
-    if (kv.key.rfind("tokenizer.", 0) == 0) w.add(kv.key, kv.value);
 
-  uint64_t tensor_id = 0;
-  const uint64_t seed = opt.seed;
+  MatrixWriter mw(w, opt.seed, pool);
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, DType type) {
-    const uint64_t id = ++tensor_id;
-    w.add_tensor(name, {cols, rows}, type, [=](uint8_t* dst, uint64_t) {
-      const size_t rs = row_size(type, cols);
-      auto work = [&](int64_t b, int64_t e) {
-        std::vector<float> buf((size_t)cols);
-        for (int64_t r = b; r < e; ++r) {
-          gaussian_row(seed, id, (uint64_t)r, 0.02f, buf.data(), cols);
-          ref::quantize_row(type, buf.data(), dst + (size_t)r * rs, cols);
-        }
-      };
-      if (pool) pool->parallel_for(rows, work, 8);
-      else work(0, rows);
-    });
+    mw.matrix(name, rows, cols, type);
   };
   // F32 vector of mean + N(0, sd).
   auto vec = [&](const std::string& name, int64_t n, float mean, float sd) {
-    const uint64_t id = ++tensor_id;
+    const uint64_t id = mw.next_id(), seed = mw.seed();
     w.add_tensor(name, {n}, DType::f32, [=](uint8_t* dst, uint64_t) {
       std::vector<float> buf((size_t)n);
       gaussian_row(seed, id, 0, sd, buf.data(), n);
@@ -155,7 +200,7 @@ Status write_synthetic_encoder(const SynthOptions& opt, const std::string& arch,
   };
   const DType type = opt.type;
   const int64_t dim = s.dim, ff = s.ffn_dim;
-  matrix("token_embd.weight", n_vocab, dim, type);
+  matrix("token_embd.weight", *n_vocab, dim, type);
   matrix("token_types.weight", 2, dim, DType::f32);
   if (bert) matrix("position_embd.weight", s.n_ctx, dim, type);
   norm("token_embd_norm");
@@ -212,30 +257,14 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
   const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.dim / s.n_heads;
   const int64_t q_dim = s.n_heads * head_dim, kv_dim = s.n_kv_heads * head_dim;
   if (opt.q4_k_m && opt.type != DType::q4_k) return invalid_argument("the Q4_K_M mix needs type q4_k");
-  if (!ref::can_quantize(opt.type))
-    return unsupported("cannot write weights of type " + std::string(dtype_name(opt.type)));
-  auto tr = dtype_traits(opt.type);
-  for (int64_t cols : {s.dim, moe ? s.expert_ffn_dim : s.ffn_dim, q_dim})
-    if (cols % tr->block_size != 0)
-      return invalid_argument("shape '" + s.name + "': row length " + std::to_string(cols) +
-                              " is not a multiple of the " + std::string(tr->name) + " block size " +
-                              std::to_string(tr->block_size));
-  auto tokens = vocab.get_array("tokenizer.ggml.tokens", gguf::ValueType::string);
-  if (!tokens.ok()) return tokens.status().with_context("vocab file");
-  const int64_t n_vocab = (int64_t)(*tokens)->items.size();
-  if (n_vocab < 1) return invalid_file("vocab file: tokenizer.ggml.tokens is empty");
+  SERVAL_RETURN_IF_ERROR(check_synth(s, opt.type, {s.dim, moe ? s.expert_ffn_dim : s.ffn_dim, q_dim}));
+  auto n_vocab_or = vocab_size(vocab);
+  if (!n_vocab_or.ok()) return n_vocab_or.status();
+  const int64_t n_vocab = *n_vocab_or;
 
   gguf::GgufWriter w;
   const std::string p = arch + ".";
-  w.add("general.architecture", arch);
-  w.add("general.name", "serval-synthetic-" + s.name + (arch == s.arch ? "" : "-" + arch));
-  w.add("general.file_type", file_type_of(opt.type));
-  w.add("general.quantization_version", uint32_t{2});
-  w.add(p + "context_length", (uint32_t)s.n_ctx);
-  w.add(p + "embedding_length", (uint32_t)s.dim);
-  w.add(p + "block_count", (uint32_t)s.n_layers);
-  w.add(p + "feed_forward_length", (uint32_t)s.ffn_dim);
-  w.add(p + "attention.head_count", (uint32_t)s.n_heads);
+  add_common_keys(w, s, arch, opt.type, vocab);
   w.add(p + "attention.head_count_kv", (uint32_t)s.n_kv_heads);
   if (head_dim != s.dim / s.n_heads || s.dim % s.n_heads != 0) {
     w.add(p + "attention.key_length", (uint32_t)head_dim);
@@ -265,32 +294,10 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
     w.add(p + "expert_feed_forward_length", (uint32_t)s.expert_ffn_dim);
   }
   w.add(p + "vocab_size", (uint32_t)n_vocab);
-  for (const auto& kv : vocab.metadata())
-    if (kv.key.rfind("tokenizer.", 0) == 0) w.add(kv.key, kv.value);
 
-  uint64_t tensor_id = 0;
-  const uint64_t seed = opt.seed;
-  // A [rows, cols] matrix of N(0, 0.02) quantized row by row (rows in parallel).
-  // n_mat > 0: a 3-D stack of n_mat such matrices (expert tensors).
+  MatrixWriter mw(w, opt.seed, pool);
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, DType type, int64_t n_mat = 0) {
-    const uint64_t id = ++tensor_id;
-    std::vector<int64_t> dims = {cols, rows};
-    if (n_mat > 0) {
-      dims.push_back(n_mat);
-      rows *= n_mat;
-    }
-    w.add_tensor(name, dims, type, [=](uint8_t* dst, uint64_t) {
-      const size_t rs = row_size(type, cols);
-      auto work = [&](int64_t b, int64_t e) {
-        std::vector<float> buf((size_t)cols);
-        for (int64_t r = b; r < e; ++r) {
-          gaussian_row(seed, id, (uint64_t)r, 0.02f, buf.data(), cols);
-          ref::quantize_row(type, buf.data(), dst + (size_t)r * rs, cols);
-        }
-      };
-      if (pool) pool->parallel_for(rows, work, 8);
-      else work(0, rows);
-    });
+    mw.matrix(name, rows, cols, type, n_mat);
   };
   auto ones = [&](const std::string& name, int64_t n) {
     w.add_tensor(name, {n}, DType::f32, [=](uint8_t* dst, uint64_t bytes) {

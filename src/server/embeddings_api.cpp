@@ -28,16 +28,8 @@ std::variant<json, ApiError> parse_body(const std::string& body, const ParseCont
     return bad_request(std::string("request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) return bad_request("request body must be a JSON object");
-  *model = ctx.model_name;
-  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
-    if (!it->is_string()) return bad_request("model: expected a string", "model");
-    const std::string m = it->get<std::string>();
-    if (!m.empty() && m != ctx.model_name &&
-        std::find(ctx.model_aliases.begin(), ctx.model_aliases.end(), m) == ctx.model_aliases.end())
-      return ApiError{404, "The model '" + m + "' does not exist (this server serves '" + ctx.model_name + "')",
-                      "invalid_request_error", "model", "model_not_found"};
-    if (!m.empty()) *model = m;
-  }
+  auto it = j.find("model");
+  if (auto e = resolve_model(it == j.end() ? nullptr : &*it, ctx, model)) return *e;
   return j;
 }
 

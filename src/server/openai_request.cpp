@@ -97,6 +97,16 @@ std::optional<ApiError> parse_token_list(const json& arr, int64_t n_vocab, std::
 
 }  // namespace
 
+std::optional<ApiError> resolve_model_name(const std::string& m, const ParseContext& ctx, std::string* out) {
+  *out = ctx.model_name;
+  if (m.empty()) return std::nullopt;
+  if (m != ctx.model_name && std::find(ctx.model_aliases.begin(), ctx.model_aliases.end(), m) == ctx.model_aliases.end())
+    return ApiError{404, "The model '" + m + "' does not exist (this server serves '" + ctx.model_name + "')",
+                    "invalid_request_error", "model", "model_not_found"};
+  *out = m;
+  return std::nullopt;
+}
+
 std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& body, bool chat, const ParseContext& ctx) {
   if (json_depth(body) > ctx.limits.max_json_depth)
     return bad_request("request body nests deeper than " + std::to_string(ctx.limits.max_json_depth) + " levels");
@@ -117,15 +127,7 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
                                           "--chat-template)",
                          f);
 
-  if (const json* m = rd.get("model")) {
-    if (!m->is_string()) return bad_request("model: expected a string", "model");
-    r.model = m->get<std::string>();
-    if (!r.model.empty() && r.model != ctx.model_name &&
-        std::find(ctx.model_aliases.begin(), ctx.model_aliases.end(), r.model) == ctx.model_aliases.end())
-      return ApiError{404, "The model '" + r.model + "' does not exist (this server serves '" + ctx.model_name + "')",
-                      "invalid_request_error", "model", "model_not_found"};
-  }
-  if (r.model.empty()) r.model = ctx.model_name;
+  if (auto e = resolve_model(rd.get("model"), ctx, &r.model)) return *e;
 
   // --- sampling ---
   SamplingParams& p = r.params;

@@ -70,6 +70,16 @@ struct ParseContext {
 // without building it. Used to refuse deeply nested bodies cheaply.
 int json_depth(std::string_view text);
 
+// A request's "model": absent, null or "" is the served name; another name
+// must be the served one or an alias (else 404 model_not_found).
+std::optional<ApiError> resolve_model_name(const std::string& name, const ParseContext& ctx, std::string* out);
+template <class Json>  // nlohmann::json or ordered_json; null: absent
+std::optional<ApiError> resolve_model(const Json* model, const ParseContext& ctx, std::string* out) {
+  if (model && !model->is_null() && !model->is_string()) return bad_request("model: expected a string", "model");
+  return resolve_model_name(model && model->is_string() ? model->template get<std::string>() : std::string(), ctx,
+                            out);
+}
+
 // Parses the body; returns the request or the error to send.
 std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& body, bool chat, const ParseContext& ctx);
 
