@@ -22,14 +22,6 @@ constexpr int64_t kMinParallelMacs = int64_t(1) << 26;
 
 }  // namespace
 
-void l2_normalize(std::span<float> v) {
-  double ss = 0.0;
-  for (float x : v) ss += (double)x * x;
-  if (ss <= 0.0) return;
-  const double inv = 1.0 / std::sqrt(ss);
-  for (float& x : v) x = (float)(x * inv);
-}
-
 EmbedForward::EmbedForward(const Model& model, ThreadPool* pool, Pooling pooling, KvType scratch_kv)
     : model_(model), pool_(pool), pooling_(pooling == Pooling::none ? model.config().pooling : pooling),
       scratch_kv_(scratch_kv) {}
@@ -147,6 +139,19 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
     else range(0, n);
   };
 
+  // x = LayerNorm(x + proj (+ bias), weight, norm bias), per token over the pool.
+  auto residual_norm = [&](const std::vector<float>& bias, const std::vector<float>& nw, const std::vector<float>& nb) {
+    rows([&](int64_t i) {
+      float* xi = x_.data() + i * dim;
+      const float* pi = proj_.data() + i * dim;
+      if (bias.empty())
+        for (int64_t d = 0; d < dim; ++d) xi[d] += pi[d];
+      else
+        for (int64_t d = 0; d < dim; ++d) xi[d] += pi[d] + bias[(size_t)d];
+      ref::layernorm(xi, xi, nw.data(), nb.data(), dim, c.norm_eps);
+    });
+  };
+
   // Embeddings: token + type 0 (+ position), then LayerNorm.
   std::vector<TokenId> tokens;
   for (const auto& in : inputs) tokens.insert(tokens.end(), in.begin(), in.end());
@@ -215,13 +220,7 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
     if (pool) pool->parallel_for(n_tasks, attend, 1);
     else attend(0, n_tasks);
     mm(l.wo, attn_.data(), proj_.data());
-    // x = LayerNorm(x + a + bo): per token, over the pool.
-    rows([&](int64_t i) {
-      float* xi = x_.data() + i * dim;
-      const float* pi = proj_.data() + i * dim;
-      for (int64_t d = 0; d < dim; ++d) xi[d] += pi[d] + (l.bo.empty() ? 0.0f : l.bo[(size_t)d]);
-      ref::layernorm(xi, xi, l.attn_out_norm.data(), l.attn_out_norm_b.data(), dim, c.norm_eps);
-    });
+    residual_norm(l.bo, l.attn_out_norm, l.attn_out_norm_b);
     mm(l.w_up, x_.data(), up_.data());
     if (c.enc.gated) mm(l.w_gate, x_.data(), gate_.data());
     rows([&](int64_t i) {
@@ -232,12 +231,7 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
       else kernels::gelu(ui, ffn);
     });
     mm(l.w_down, up_.data(), proj_.data());
-    rows([&](int64_t i) {
-      float* xi = x_.data() + i * dim;
-      const float* pi = proj_.data() + i * dim;
-      for (int64_t d = 0; d < dim; ++d) xi[d] += pi[d] + (l.b_down.empty() ? 0.0f : l.b_down[(size_t)d]);
-      ref::layernorm(xi, xi, l.layer_out_norm.data(), l.layer_out_norm_b.data(), dim, c.norm_eps);
-    });
+    residual_norm(l.b_down, l.layer_out_norm, l.layer_out_norm_b);
   }
   pool_rows(inputs, x_.data(), out);
   return {};

@@ -61,7 +61,4 @@ class EmbedForward {
   std::vector<float> x_, q_, k_, v_, attn_, proj_, up_, gate_;  // scratch, [n_tokens, ...]
 };
 
-// L2-normalizes v in place (a zero vector stays zero).
-void l2_normalize(std::span<float> v);
-
 }  // namespace serval

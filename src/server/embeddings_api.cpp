@@ -5,32 +5,26 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "model/embed_forward.h"
+#include "common/l2_normalize.h"
 #include "server/api_translation.h"
 #include "tokenizer/vocab.h"
 
 namespace serval::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 using ordered_json = nlohmann::ordered_json;
 
 namespace {
 
-// The body as a JSON object, depth-bounded, and its "model" checked as the
+// The body as a JSON object (parse_json_object), its "model" checked as the
 // generation routes check it.
 std::variant<json, ApiError> parse_body(const std::string& body, const ParseContext& ctx, std::string* model) {
-  if (json_depth(body) > ctx.limits.max_json_depth)
-    return bad_request("request body nests deeper than " + std::to_string(ctx.limits.max_json_depth) + " levels");
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::exception& e) {
-    return bad_request(std::string("request body is not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) return bad_request("request body must be a JSON object");
+  auto parsed = parse_json_object(body, ctx.limits.max_json_depth);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   auto it = j.find("model");
   if (auto e = resolve_model(it == j.end() ? nullptr : &*it, ctx, model)) return *e;
-  return j;
+  return parsed;
 }
 
 // A text's tokens (the body's size bounds the text; the engine bounds the

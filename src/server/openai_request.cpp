@@ -107,9 +107,9 @@ std::optional<ApiError> resolve_model_name(const std::string& m, const ParseCont
   return std::nullopt;
 }
 
-std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& body, bool chat, const ParseContext& ctx) {
-  if (json_depth(body) > ctx.limits.max_json_depth)
-    return bad_request("request body nests deeper than " + std::to_string(ctx.limits.max_json_depth) + " levels");
+std::variant<json, ApiError> parse_json_object(const std::string& body, int max_depth) {
+  if (json_depth(body) > max_depth)
+    return bad_request("request body nests deeper than " + std::to_string(max_depth) + " levels");
   json j;
   try {
     j = json::parse(body);
@@ -117,6 +117,13 @@ std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& bo
     return bad_request(std::string("request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) return bad_request("request body must be a JSON object");
+  return j;
+}
+
+std::variant<ParsedRequest, ApiError> parse_openai_request(const std::string& body, bool chat, const ParseContext& ctx) {
+  auto parsed = parse_json_object(body, ctx.limits.max_json_depth);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
 
   ParsedRequest r;
   r.chat = chat;

@@ -70,6 +70,10 @@ struct ParseContext {
 // without building it. Used to refuse deeply nested bodies cheaply.
 int json_depth(std::string_view text);
 
+// A request body as a JSON object, depth-bounded before it is parsed: the
+// object, or the 400 to send (too deep, not JSON, not an object).
+std::variant<nlohmann::ordered_json, ApiError> parse_json_object(const std::string& body, int max_depth);
+
 // A request's "model": absent, null or "" is the served name; another name
 // must be the served one or an alias (else 404 model_not_found).
 std::optional<ApiError> resolve_model_name(const std::string& name, const ParseContext& ctx, std::string* out);

@@ -49,15 +49,12 @@ uint64_t tenant_salt(const ServerConfig& cfg, const http::HttpRequest& req) {
   return h ? h : 1;
 }
 
-// The body of /tokenize, /detokenize or /v1/engine/step as JSON (depth-bounded);
-// the error to send otherwise.
-std::optional<ApiError> parse_json_body(const std::string& body, int64_t max_depth, json* j) {
-  if ((int64_t)json_depth(body) > max_depth) return bad_request("request body nests too deeply");
-  try {
-    *j = json::parse(body);
-  } catch (const json::exception& e) {
-    return bad_request(std::string("request body is not valid JSON: ") + e.what());
-  }
+// The body of /tokenize, /detokenize or /v1/engine/step as a JSON object
+// (openai_request.h parse_json_object); the error to send otherwise.
+std::optional<ApiError> body_object(const std::string& body, int max_depth, json* j) {
+  auto parsed = parse_json_object(body, max_depth);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  *j = std::move(std::get<json>(parsed));
   return std::nullopt;
 }
 
@@ -1008,8 +1005,7 @@ void OpenAiServer::handle_embed(const http::HttpRequest& req, const std::shared_
 
 void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {
   json j;
-  if (auto err = parse_json_body(req.body, (int64_t)cfg_.limits.max_json_depth, &j)) return send_error(ch, *err);
-  if (!j.is_object()) return send_error(ch, bad_request("request body must be a JSON object"));
+  if (auto err = body_object(req.body, cfg_.limits.max_json_depth, &j)) return send_error(ch, *err);
   const Tokenizer& tok = engine_.tokenizer();
   bool add_special = true;
   if (j.contains("add_special")) {
@@ -1036,8 +1032,8 @@ void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shar
 
 void OpenAiServer::handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {
   json j;
-  if (auto err = parse_json_body(req.body, (int64_t)cfg_.limits.max_json_depth, &j)) return send_error(ch, *err);
-  if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
+  if (auto err = body_object(req.body, cfg_.limits.max_json_depth, &j)) return send_error(ch, *err);
+  if (!j.contains("tokens") || !j["tokens"].is_array())
     return send_error(ch, bad_request("tokens: expected an array of token ids", "tokens"));
   std::vector<TokenId> ids;
   for (const auto& t : j["tokens"]) {
@@ -1071,8 +1067,7 @@ void OpenAiServer::handle_engine_control(const http::HttpRequest& req,
     int64_t steps = 1;
     if (!req.body.empty()) {
       json body;
-      if (auto err = parse_json_body(req.body, (int64_t)cfg_.limits.max_json_depth, &body)) return send_error(ch, *err);
-      if (!body.is_object()) return send_error(ch, bad_request("request body must be a JSON object"));
+      if (auto err = body_object(req.body, cfg_.limits.max_json_depth, &body)) return send_error(ch, *err);
       if (body.contains("steps")) {
         const json& v = body["steps"];
         if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1000)

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <random>
 
+#include "common/l2_normalize.h"
 #include "edited_gguf.h"
 #include "gguf/gguf_reader.h"
 #include "model/embed_forward.h"
