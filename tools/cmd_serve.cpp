@@ -91,6 +91,13 @@ int cmd_serve(int argc, char** argv) {
   KvType kv_type = EngineConfig{}.kv_type;
   add_kv_type_option(app, &kv_type);
   app.add_option("--swap-memory", swap_memory, "host swap space for preemption by swapping (0: recompute)");
+  std::string tier_ram = "0", tier_dir, tier_disk;
+  app.add_option("--kv-cache-ram", tier_ram,
+                 "host-RAM tier of the prefix cache: blocks the KV pool evicts are kept here (bytes: 4G; 0: off)");
+  app.add_option("--kv-cache-dir", tier_dir,
+                 "disk tier of the prefix cache: blocks the RAM tier (or the pool) evicts go here, and survive "
+                 "restarts");
+  app.add_option("--kv-cache-disk", tier_disk, "disk tier budget (bytes: 20G; default 4G with --kv-cache-dir)");
   app.add_option("-c,--ctx-size,--max-model-len", ctx, "context per sequence (0: the model's, at most 4096)")
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("--max-batch-tokens", max_batch_tokens, "token budget of one engine step")->check(CLI::Range(1, 1 << 20));
@@ -230,6 +237,22 @@ int cmd_serve(int argc, char** argv) {
     swap_bytes = *sb;
   }
 
+  size_t tier_ram_bytes = 0, tier_disk_bytes = 0;
+  if (tier_ram != "0") {
+    auto b = parse_kv_memory(tier_ram);
+    if (!b.ok()) return fail(cmd, "--kv-cache-ram: " + b.status().message());
+    tier_ram_bytes = *b;
+  }
+  if (!tier_disk.empty() && tier_dir.empty()) return fail(cmd, "--kv-cache-disk needs --kv-cache-dir");
+  if (!tier_dir.empty()) {
+    const std::string t = tier_disk.empty() ? "4G" : tier_disk;
+    if (t.find_first_not_of("0123456789.") == std::string::npos && t.find('.') != std::string::npos)
+      return fail(cmd, "--kv-cache-disk: expected bytes (e.g. 20G), got '" + t + "'");
+    auto b = parse_kv_memory(t);
+    if (!b.ok()) return fail(cmd, "--kv-cache-disk: " + b.status().message());
+    tier_disk_bytes = *b;
+  }
+
   // Signals go to a dedicated thread (blocked here, before any thread starts).
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -246,6 +269,9 @@ int cmd_serve(int argc, char** argv) {
   ec.n_threads = threads;
   ec.kv_memory_bytes = *kvb;
   ec.swap_memory_bytes = swap_bytes;
+  ec.kv_cache_ram_bytes = tier_ram_bytes;
+  ec.kv_cache_dir = tier_dir;
+  ec.kv_cache_disk_bytes = tier_disk_bytes;
   ec.block_size = block_size;
   ec.kv_type = kv_type;
   ec.max_batch_tokens = max_batch_tokens;

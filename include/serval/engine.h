@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kv_cache/kv_tier.h"
 #include "model/model_config.h"
 #include "sampler/logprobs.h"
 #include "sampler/stop_conditions.h"
@@ -56,6 +57,14 @@ struct EngineConfig {
   int32_t max_seqs = 64;                // sequences in one step
   int64_t max_model_len = 0;            // context per sequence; 0: the model's (at most 4096)
   bool enable_prefix_caching = true;
+  // Lower tiers of the prefix cache (kv_cache/tiered_store.h): cached blocks
+  // the pool evicts go to host RAM (kv_cache_ram_bytes), from there to disk
+  // (kv_cache_dir, at most kv_cache_disk_bytes), and come back on a prefix
+  // hit. The disk tier survives restarts. Off when both are 0 / empty; need
+  // prefix caching and a model without a sliding-window pool.
+  size_t kv_cache_ram_bytes = 0;
+  std::string kv_cache_dir;
+  size_t kv_cache_disk_bytes = 0;
   // Sliding-window layers (gemma2/3, phi3 with a window) keep only their
   // window's KV blocks, in a pool of their own (kv_cache_manager.h); true keeps
   // the whole context for them too (llama.cpp's --swa-full). Swapping
@@ -254,6 +263,10 @@ struct EngineStats {
   double kv_waste_ratio = 0;            // unfilled slots / allocated slots, averaged over steps
   size_t running = 0, waiting = 0;
   int64_t prefix_cached_blocks = 0;     // blocks held by the prefix cache (in use or reusable)
+  // Lower tiers: their counters, the prompt tokens served from them (part of
+  // prefix_hit_tokens) and tier blocks that failed their check on load.
+  KvTierStats kv_tiers;
+  int64_t tier_hit_tokens = 0, tier_load_failures = 0;
   // Speculative decoding: verifications of a non-empty draft, drafted tokens,
   // accepted drafted tokens, and their ratio (accepted drafts per verification;
   // each verification also yields one token of the target's own).

@@ -147,6 +147,13 @@ Engine::~Engine() {
   impl_->inbox_cv.notify_all();
   impl_->parked_cv.notify_all();
   if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+  // A persistent tier keeps what the pool and the RAM tier hold, so that the
+  // next start finds it (the loop has stopped: this thread owns the cache).
+  if (impl_->tiers && impl_->tiers->has_disk()) {
+    impl_->tiers->begin_persist();
+    impl_->kv->flush_to_tier();
+    impl_->tiers->persist();
+  }
 }
 
 void Engine::pause() {
@@ -213,6 +220,25 @@ Status check_spec_config(const SpecConfig& sp, const Model& target, const Tokeni
                               " ('" + a + "' vs '" + b + "')");
   }
   return {};
+}
+
+// What names a model's KV for the disk tier across restarts, without reading
+// the whole file: its size, every metadata key and (abridged) value, every
+// tensor's name, type, shape and offset, and 3 x 256 bytes of each tensor's
+// data (start, middle, end; a fine-tune changes them). Pages released after
+// packing are read back from the file.
+Hash128 model_identity(const gguf::GgufFile& f) {
+  std::string buf = std::to_string(f.file_size()) + '/' + std::to_string(f.data_offset()) + '\n';
+  for (const gguf::KeyValue& kv : f.metadata()) buf += kv.key + '=' + gguf::value_to_string(kv.value) + '\n';
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    buf += t.name + ':' + std::to_string((int)t.type) + ':' + std::to_string(t.offset);
+    for (int64_t d : t.dims) buf += ',' + std::to_string(d);
+    const auto data = f.tensor_data(t);
+    const size_t n = std::min<size_t>(256, data.size());
+    for (size_t at : {size_t{0}, (data.size() - n) / 2, data.size() - n})
+      buf.append(reinterpret_cast<const char*>(data.data() + at), n);
+  }
+  return siphash128(buf.data(), buf.size(), 0x6d6f64656c2d6964ull, 0x656e746974790001ull);
 }
 
 }  // namespace
@@ -294,7 +320,34 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   std::random_device rd;
   kc.hash_k0 = ((uint64_t)rd() << 32) ^ rd();
   kc.hash_k1 = ((uint64_t)rd() << 32) ^ rd();
+  if (cfg.kv_cache_ram_bytes > 0 || !cfg.kv_cache_dir.empty()) {
+    if (mc.encoder) return invalid_argument("KV cache tiers: an encoder keeps no KV cache");
+    if (!cfg.enable_prefix_caching) return invalid_argument("KV cache tiers need prefix caching");
+    if (swa)
+      return invalid_argument("KV cache tiers: not with a sliding-window KV pool (the model has sliding-window "
+                              "layers; --swa-full keeps whole-context KV for them)");
+    std::vector<KvStorage*> st = {impl->storage.get()};
+    if (impl->draft_storage) st.push_back(impl->draft_storage.get());
+    Hash128 id = model_identity(m.file());
+    if (draft) {
+      const Hash128 d = model_identity(draft->file());
+      id = siphash128(&d, sizeof d, id.lo, id.hi);
+    }
+    KvTierConfig tc;
+    tc.ram_bytes = cfg.kv_cache_ram_bytes;
+    tc.disk_dir = cfg.kv_cache_dir;
+    tc.disk_bytes = cfg.kv_cache_disk_bytes;
+    tc.identity = tier_identity(id, {st.begin(), st.end()});
+    auto tiers = TieredKvStore::create(tc, st);
+    if (!tiers.ok()) return tiers.status();
+    impl->tiers = std::move(tiers.value());
+    if (DiskTier* d = impl->tiers->disk()) {  // chain hashes must survive restarts: the directory's key
+      kc.hash_k0 = d->hash_k0();
+      kc.hash_k1 = d->hash_k1();
+    }
+  }
   impl->kv = std::make_unique<KvCacheManager>(kc);
+  if (impl->tiers) impl->kv->set_tier(impl->tiers.get());
   SchedulerConfig sc;
   sc.max_batch_tokens = cfg.max_batch_tokens;
   sc.max_seqs = cfg.max_seqs;

@@ -25,6 +25,7 @@
 #include "engine/search_decoding.h"
 #include "kv_cache/kv_cache_manager.h"
 #include "kv_cache/kv_storage.h"
+#include "kv_cache/tiered_store.h"
 #include "model/embed_forward.h"
 #include "model/model.h"
 #include "sampler/grammar/matcher.h"
@@ -122,6 +123,7 @@ struct Engine::Impl {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<KvStorage> storage;
   std::unique_ptr<KvStorage> draft_storage;  // draft model's pool (same block ids)
+  std::unique_ptr<TieredKvStore> tiers;       // lower prefix-cache tiers (null: off); kv points at it
   std::unique_ptr<KvCacheManager> kv;
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<Runner> runner;

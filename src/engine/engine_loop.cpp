@@ -468,6 +468,9 @@ void Engine::Impl::publish_stats() {
     stats.n_expert = (int32_t)model->config().n_expert;
   }
   stats.prefix_cached_blocks = ks.cached_blocks;
+  stats.tier_hit_tokens = ks.tier_hit_tokens;
+  stats.tier_load_failures = ks.tier_load_failures;
+  if (tiers) stats.kv_tiers = tiers->stats();
   stats.kv_waste_ratio = waste_steps ? waste_sum / (double)waste_steps : 0.0;
   stats.running = sched->n_running();
   stats.waiting = sched->n_waiting();

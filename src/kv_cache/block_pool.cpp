@@ -29,6 +29,7 @@ BlockId BlockPool::take() {
     SERVAL_ASSERT(lru_head_ >= 0);  // caller checked n_free() > 0
     b = lru_head_;
     lru_remove(b);
+    if (tier_) tier_->store(meta(b), b);
     drop_entry(b);
     ++n_evictions_;
   }
@@ -78,13 +79,14 @@ BlockId BlockPool::find(const Hash128& h, std::span<const TokenId> tokens, const
 }
 
 uint64_t BlockPool::cache(BlockId b, const Hash128& h, std::span<const TokenId> tokens, const PrefixKey& key,
-                          uint64_t parent_entry) {
+                          uint64_t parent_entry, const Hash128& parent_hash) {
   Block& blk = blocks_[check(b)];
   SERVAL_ASSERT(blk.ref > 0 && blk.entry == 0);
   SERVAL_ASSERT(tokens.size() == static_cast<size_t>(block_size_));
   blk.entry = next_entry_++;
   blk.parent_entry = parent_entry;
   blk.hash = h;
+  blk.parent_hash = parent_hash;
   blk.key = key;
   std::copy(tokens.begin(), tokens.end(), block_tokens_.begin() + static_cast<ptrdiff_t>(b) * block_size_);
   by_hash_[h].push_back(b);
@@ -137,6 +139,19 @@ void BlockPool::lru_remove(BlockId b) {
   }
   blk.lru_prev = blk.lru_next = -1;
   --n_evictable_;
+}
+
+TierBlockMeta BlockPool::meta(BlockId b) const {
+  const Block& blk = blocks_[check(b)];
+  SERVAL_ASSERT(blk.entry != 0);
+  return {blk.hash, blk.parent_hash, blk.key, tokens_of(b)};
+}
+
+std::vector<BlockId> BlockPool::cached_blocks() const {
+  std::vector<BlockId> out;
+  for (BlockId b = 0; b < n_blocks(); ++b)
+    if (blocks_[b].entry != 0) out.push_back(b);
+  return out;
 }
 
 std::vector<BlockId> BlockPool::evictable_lru() const {

@@ -24,6 +24,10 @@
 // prefix, whatever the hash function does (a colliding hash only costs time).
 // When a block is evicted or uncached its entry dies; children whose parent
 // entry died can no longer be reached (they age out of the LRU).
+//
+// Lower tiers (kv_tier.h): with set_tier(), take() hands a cached block it is
+// about to evict to the tier first, with its chain hash, its parent's chain
+// hash (given to cache()), key and token ids.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv_cache/kv_tier.h"
 #include "kv_cache/kv_types.h"
 #include "kv_cache/prefix_hash.h"
 
@@ -69,13 +74,19 @@ class BlockPool {
   BlockId find(const Hash128& h, std::span<const TokenId> tokens, const PrefixKey& key,
                uint64_t parent_entry) const;
   // Registers in-use, uncached block b as holding `tokens` (block_size ids)
-  // after the prefix named by parent_entry. Returns its new entry id (> 0).
+  // after the prefix named by parent_entry (whose chain hash is parent_hash:
+  // kept for the lower tiers). Returns its new entry id (> 0).
   uint64_t cache(BlockId b, const Hash128& h, std::span<const TokenId> tokens, const PrefixKey& key,
-                 uint64_t parent_entry);
+                 uint64_t parent_entry, const Hash128& parent_hash = {});
   // Removes b's entry (b must be in use): its KV is about to be overwritten.
   void uncache(BlockId b);
   uint64_t entry(BlockId b) const { return blocks_[check(b)].entry; }  // 0 = not cached
   bool is_cached(BlockId b) const { return entry(b) != 0; }
+  // The name of cached block b for the lower tiers (valid until b changes).
+  TierBlockMeta meta(BlockId b) const;
+  // Evicted cached blocks go to `tier` first (nullptr: dropped). Not owned.
+  void set_tier(KvTier* tier) { tier_ = tier; }
+  std::vector<BlockId> cached_blocks() const;  // every block with an entry, in id order
 
   // --- introspection for tests ---
   std::vector<BlockId> free_list() const { return {free_.begin(), free_.end()}; }
@@ -87,6 +98,7 @@ class BlockPool {
     uint64_t entry = 0;         // 0 = not cached
     uint64_t parent_entry = 0;  // valid if entry != 0
     Hash128 hash;               // valid if entry != 0
+    Hash128 parent_hash;        // valid if entry != 0
     PrefixKey key;              // valid if entry != 0
     BlockId lru_prev = -1;      // valid while evictable
     BlockId lru_next = -1;
@@ -111,6 +123,7 @@ class BlockPool {
   int64_t n_evictions_ = 0;
   int32_t n_cached_ = 0;
   uint64_t next_entry_ = 1;
+  KvTier* tier_ = nullptr;
   std::unordered_map<Hash128, std::vector<BlockId>, Hash128Hasher> by_hash_;  // insertion order
 };
 

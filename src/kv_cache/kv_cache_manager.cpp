@@ -56,7 +56,8 @@ KvCacheManager::Match KvCacheManager::match(std::span<const TokenId> tokens, con
   const size_t max_blocks = (tokens.size() - 1) / bs;  // leave at least one token to compute
   Hash128 parent_hash;
   uint64_t parent_entry = 0;
-  for (size_t i = 0; i < max_blocks; ++i) {
+  size_t i = 0;
+  for (; i < max_blocks; ++i) {
     const auto blk = tokens.subspan(i * bs, bs);
     const Hash128 h = pool_.hash(parent_hash, blk, key);
     const BlockId b = pool_.find(h, blk, key, parent_entry);
@@ -64,6 +65,17 @@ KvCacheManager::Match KvCacheManager::match(std::span<const TokenId> tokens, con
     links.push_back({h, pool_.entry(b), b});
     parent_hash = h;
     parent_entry = pool_.entry(b);
+  }
+  // The lower tiers continue the chain where the device pool's stops.
+  if (tier_) {
+    for (; i < max_blocks; ++i) {
+      const auto blk = tokens.subspan(i * bs, bs);
+      const Hash128 h = pool_.hash(parent_hash, blk, key);
+      if (!tier_->contains({h, parent_hash, key, blk})) break;
+      m.tier.push_back(h);
+      parent_hash = h;
+    }
+    m.tier_complete = i == max_blocks;
   }
   if (!has_swa() || links.empty()) return m;
   // The longest k <= links.size() whose sliding-window blocks [lo(k), k) are
@@ -97,6 +109,32 @@ int64_t KvCacheManager::acquire_cached_prefix(SeqId seq, std::span<const TokenId
     pool_.ref(l.block);
     s.table.push_back(l.block);
   }
+  // Tier hits: each becomes a fresh device block filled from its tier and
+  // cached there, exactly as if this sequence had computed it.
+  const size_t bs = static_cast<size_t>(cfg_.block_size);
+  for (size_t j = m.tier.size(); j-- > 0;) {
+    const size_t i = s.chain.size() + j;
+    const Hash128 parent_hash = j ? m.tier[j - 1] : i ? s.chain[i - 1].hash : Hash128{};
+    tier_->touch({m.tier[j], parent_hash, key, tokens.subspan(i * bs, bs)});
+  }
+  for (size_t j = 0; j < m.tier.size(); ++j) {
+    if (pool_.n_free() == 0) break;
+    const size_t i = s.chain.size();
+    const auto blk = tokens.subspan(i * bs, bs);
+    const Hash128 parent_hash = i ? s.chain[i - 1].hash : Hash128{};
+    const uint64_t parent_entry = i ? s.chain[i - 1].entry : 0;
+    const BlockId b = pool_.take();
+    if (!tier_->load({m.tier[j], parent_hash, key, blk}, b)) {
+      pool_.unref(b);
+      ++stats_.tier_load_failures;
+      break;
+    }
+    const uint64_t e = pool_.cache(b, m.tier[j], blk, key, parent_entry, parent_hash);
+    s.chain.push_back({m.tier[j], e, b});
+    s.table.push_back(b);
+    stats_.tier_hit_tokens += cfg_.block_size;
+  }
+  if (tier_ && !m.tier_complete && s.chain.size() == m.links.size() + m.tier.size()) tier_->note_miss();
   if (has_swa()) {
     s.swa.assign(s.chain.size(), -1);
     for (size_t i = 0; i < m.swa.size(); ++i) {
@@ -115,7 +153,19 @@ int64_t KvCacheManager::acquire_cached_prefix(SeqId seq, std::span<const TokenId
 }
 
 int64_t KvCacheManager::find_cached_prefix(std::span<const TokenId> tokens, const PrefixKey& key) const {
-  return static_cast<int64_t>(match(tokens, key).links.size()) * cfg_.block_size;
+  const Match m = match(tokens, key);
+  return static_cast<int64_t>(m.links.size() + m.tier.size()) * cfg_.block_size;
+}
+
+void KvCacheManager::set_tier(KvTier* tier) {
+  SERVAL_ASSERT(!has_swa());
+  tier_ = tier;
+  pool_.set_tier(tier);
+}
+
+void KvCacheManager::flush_to_tier() {
+  if (!tier_) return;
+  for (BlockId b : pool_.cached_blocks()) tier_->store(pool_.meta(b), b);
 }
 
 bool KvCacheManager::can_admit(std::span<const TokenId> tokens, const PrefixKey& key, int64_t n_tokens) const {
@@ -167,7 +217,7 @@ void KvCacheManager::cache_full_blocks(SeqId seq, std::span<const TokenId> token
     const BlockId own = s.table[i];
     // Cached under another identity (a chain that was re-linked): re-register.
     if (pool_.is_cached(own)) pool_.uncache(own);
-    const uint64_t e = pool_.cache(own, h, blk, key, parent_entry);
+    const uint64_t e = pool_.cache(own, h, blk, key, parent_entry, parent_hash);
     s.chain.push_back({h, e, own});
   }
   if (!has_swa()) return;

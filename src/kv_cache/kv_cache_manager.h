@@ -2,7 +2,8 @@
 // of the device pool (whose float arrays the runner owns: kv_storage.h) to
 // sequences, shares blocks between sequences with reference counts and
 // copy-on-write, keeps a prefix cache of full blocks (hash chain, exact
-// verification, LRU eviction) and an optional host swap space.
+// verification, LRU eviction) with optional lower tiers (host RAM, disk:
+// kv_tier.h), and an optional host swap space.
 //
 // DESIGN.md principle 3: callers see can_allocate/allocate/free and an opaque
 // block table per sequence; ref counts, the free list and the prefix map live in
@@ -100,6 +101,17 @@ class KvCacheManager {
   // Drops the blocks past position n_tokens (speculative-decoding rollback).
   void truncate(SeqId seq, int64_t n_tokens);
 
+  // --- lower tiers of the prefix cache (kv_tier.h) ---
+  // Cached blocks the pool evicts go to `tier` first, and prefix lookups
+  // continue into it past the pool's own chain: acquire_cached_prefix() loads
+  // such blocks into fresh device blocks (each uses up one free block, as
+  // computing it would; can_admit() counts them so). Not with a
+  // sliding-window pool. Not owned; nullptr turns the tiers off.
+  void set_tier(KvTier* tier);
+  // Hands every cached device block to the tier (at shutdown, so that a
+  // persistent tier keeps what the pool held).
+  void flush_to_tier();
+
   // --- swap tier (host blocks 0 .. n_host_blocks-1) ---
   bool can_swap_out(SeqId seq) const;  // holds device blocks and enough host blocks are free
   // Moves all of seq's blocks to fresh host blocks ({device, host} appended in
@@ -141,6 +153,8 @@ class KvCacheManager {
     int32_t swa_used_blocks = 0;   // sliding-window pool: blocks with ref count > 0
     int32_t swa_peak_used_blocks = 0;
     int64_t swa_released = 0;      // blocks released behind the window (each sequence's own count)
+    int64_t tier_hit_tokens = 0;     // part of prefix_hit_tokens: loaded from a lower tier
+    int64_t tier_load_failures = 0;  // tier blocks that failed their check on load (the hit stops there)
   };
   Stats stats() const;
 
@@ -170,6 +184,8 @@ class KvCacheManager {
   // cached sliding-window blocks [swa_lo, links.size()) it needs.
   struct Match {
     std::vector<ChainLink> links;
+    std::vector<Hash128> tier;   // chain hashes of the blocks after links that a lower tier holds
+    bool tier_complete = false;  // links + tier reach the most a hit may cover
     std::vector<BlockId> swa;  // swa[i - swa_lo] for block i
     size_t swa_lo = 0;
   };
@@ -189,6 +205,7 @@ class KvCacheManager {
   BlockPool swa_pool_;  // one block (unused) without a sliding-window pool
   std::unordered_map<SeqId, SeqBlocks> seqs_;  // never iterated: decisions stay deterministic
   std::deque<int32_t> host_free_;
+  KvTier* tier_ = nullptr;
   Stats stats_;
 };
 

@@ -397,6 +397,48 @@ void Observability::write_metrics(mt::ExpositionWriter& w, const EngineStats& s,
   one("serval_prefix_cache_blocks", T::gauge, "KV blocks holding prefix-cache entries (in use or reusable).",
       (double)s.prefix_cached_blocks);
   one("serval_http_requests_in_flight", T::gauge, "Generation requests accepted and not finished.", (double)in_flight);
+  const KvTierStats& kt = s.kv_tiers;
+  if (kt.block_bytes > 0) {  // KV cache tiers on (docs/KV_TIERS.md)
+    auto tier = [&](const char* name, mt::Type type, const char* help, double ram, double disk) {
+      w.header(name, help, type);
+      for (auto [t, v] : {std::pair<const char*, double>{"ram", ram}, {"disk", disk}}) {
+        mt::Labels l = model_;
+        l.push_back({"tier", t});
+        w.sample(name, mt::render_labels(l), v);
+      }
+    };
+    tier("serval_kv_tier_hits_total", T::counter, "Prefix-cache blocks loaded back from a lower KV tier.",
+         (double)kt.ram_hits, (double)kt.disk_hits);
+    tier("serval_kv_tier_misses_total", T::counter, "Prefix-cache block lookups a lower KV tier did not hold.",
+         (double)kt.ram_misses, (double)kt.disk_misses);
+    tier("serval_kv_tier_blocks", T::gauge, "KV blocks held by a lower tier.", (double)kt.ram_blocks,
+         (double)kt.disk_files);
+    tier("serval_kv_tier_bytes", T::gauge, "Bytes held by a lower tier (disk: files, incl. writes in progress).",
+         (double)kt.ram_blocks * (double)kt.block_bytes, (double)kt.disk_bytes);
+    tier("serval_kv_tier_capacity_bytes", T::gauge, "Budget of a lower KV tier.",
+         (double)kt.ram_capacity_blocks * (double)kt.block_bytes, (double)kt.disk_budget_bytes);
+    tier("serval_kv_tier_evictions_total", T::counter, "Blocks a lower tier dropped to stay in its budget.",
+         (double)kt.ram_evictions, (double)kt.disk_evictions);
+    one("serval_kv_tier_stored_bytes_total", T::counter, "KV bytes copied from the pool into the lower tiers.",
+        (double)kt.bytes_stored);
+    one("serval_kv_tier_loaded_bytes_total", T::counter, "KV bytes promoted from the lower tiers into the pool.",
+        (double)kt.bytes_loaded);
+    one("serval_kv_tier_promotion_seconds_total", T::counter, "Time spent promoting blocks into the pool.",
+        kt.load_seconds);
+    one("serval_kv_tier_hit_tokens_total", T::counter, "Prompt tokens served from a lower tier (part of the hits).",
+        (double)s.tier_hit_tokens);
+    one("serval_kv_tier_disk_writes_total", T::counter, "Block files written by the disk tier.",
+        (double)kt.disk_writes);
+    one("serval_kv_tier_disk_write_drops_total", T::counter,
+        "Blocks the disk tier did not write (write queue full or a write failed).", (double)kt.disk_write_drops);
+    one("serval_kv_tier_disk_corrupt_total", T::counter,
+        "Disk-tier files that failed a check (deleted, never used), incl. blocks that failed on load.",
+        (double)(kt.disk_corrupt));
+    one("serval_kv_tier_disk_foreign_files", T::gauge, "Files of another model or KV layout in --kv-cache-dir (ignored).",
+        (double)kt.disk_foreign);
+    one("serval_kv_tier_disk_recovered_files", T::gauge, "Disk-tier files indexed at start.",
+        (double)kt.disk_recovered);
+  }
   for (const auto* f : {&ttft_f_, &itl_f_, &e2e_f_, &queue_f_, &prefill_f_, &decode_f_, &prompt_len_f_, &gen_len_f_})
     w.family(*f);
   for (const auto* f : {&status_f_, &finish_f_, &tenant_requests_f_, &tenant_prompt_f_, &tenant_gen_f_})
