@@ -36,6 +36,16 @@ inline void log_kv_cache(const std::string& cmd, const Engine& e) {
                  "(%zu bytes each; the full-attention layers' blocks take %zu); swapping off\n",
                  cmd.c_str(), e.model().config().sliding_window, s.kv_swa_blocks_total, s.kv_swa_bytes_per_block,
                  s.kv_bytes_per_block);
+  const KvTierStats& t = s.kv_tiers;
+  if (t.block_bytes > 0)
+    std::fprintf(stderr,
+                 "%s: prefix-cache tiers: RAM %lld blocks (%.1f MiB), disk %s (%.1f MiB budget, %lld block files "
+                 "recovered, %lld of another model or layout ignored, %lld damaged deleted)\n",
+                 cmd.c_str(), (long long)t.ram_capacity_blocks,
+                 (double)t.ram_capacity_blocks * (double)t.block_bytes / 1048576.0,
+                 e.config().kv_cache_dir.empty() ? "off" : e.config().kv_cache_dir.c_str(),
+                 (double)t.disk_budget_bytes / 1048576.0, (long long)t.disk_recovered, (long long)t.disk_foreign,
+                 (long long)t.disk_corrupt);
 }
 
 }  // namespace serval::cli

@@ -376,6 +376,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   for (TokenId t = 0; t < impl->tok.n_vocab(); ++t)
     if (impl->tok.is_eog(t)) impl->eog.push_back(t);
   impl->stats.kv_blocks_total = (int32_t)n_blocks;
+  if (impl->tiers) impl->stats.kv_tiers = impl->tiers->stats();
   impl->stats.kv_swa_blocks_total = (int32_t)n_swa_blocks;
   impl->stats.kv_bytes_per_block = bpb;
   impl->stats.kv_swa_bytes_per_block = bpb_swa;

@@ -335,11 +335,14 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
         const int64_t chunk = std::min({gap, budget, prefill_left, s.max_chunk});
         if (!cfg_.enable_chunked_prefill && chunk < gap) break;
         if (s.prefix_hits ? !kv_->can_admit(s.tokens, s.key, hit + chunk) : !kv_->can_allocate(id, chunk, 0)) break;
+        // A block of a lower KV tier can fail its check as it is loaded: the
+        // hit is then shorter than found (never longer), and this step
+        // computes `chunk` tokens from there.
         const int64_t got = s.prefix_hits ? kv_->acquire_cached_prefix(id, s.tokens, s.key) : 0;
-        SERVAL_ASSERT(got == hit);
-        s.num_computed = hit;
-        if (s.cached_prompt_tokens < 0) s.cached_prompt_tokens = hit;
-        const bool ok = kv_->allocate(id, hit + chunk, hit, &out.copies);
+        SERVAL_ASSERT(got <= hit);
+        s.num_computed = got;
+        if (s.cached_prompt_tokens < 0) s.cached_prompt_tokens = got;
+        const bool ok = kv_->allocate(id, got + chunk, got, &out.copies);
         SERVAL_ASSERT(ok);
         s.state = SeqState::running;
         emit(s, chunk, &out);

@@ -315,6 +315,36 @@ TEST(TieredKvStore, DiskOnlyTierAndRestart) {
   EXPECT_EQ(other.run(1, a), 0);
 }
 
+// A block that fails its check as it is loaded ends the hit there: shorter
+// than find_cached_prefix() promised, never wrong.
+TEST(TieredKvStore, DamagedBlockShortensTheHit) {
+  TempDir d;
+  Rig r(KvTierConfig{0, d.path.string(), 1 << 20, {1, 1}});
+  const Toks a = range(100, 21), b = range(200, 21);
+  r.run(1, a);
+  r.run(2, b);  // a's blocks go to disk
+  r.tiers->disk()->drain();
+  bool damaged = false;
+  for (const auto& f : d.files(".kvb")) {
+    std::ifstream in(f, std::ios::binary);
+    std::vector<char> head(104 + 16);
+    in.read(head.data(), (std::streamsize)head.size());
+    TokenId first;
+    std::memcpy(&first, head.data() + 104, 4);
+    if (first != a[8]) continue;  // block 2 of a
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(-1, std::ios::end);
+    io.put('\x42');
+    damaged = true;
+  }
+  ASSERT_TRUE(damaged);
+  EXPECT_EQ(r.kv->find_cached_prefix(a, {}), 20);
+  EXPECT_EQ(r.run(3, a), 8);  // blocks 0 and 1; block 2 fails its payload checksum
+  EXPECT_EQ(r.kv->stats().tier_load_failures, 1);
+  EXPECT_EQ(r.tiers->stats().disk_corrupt, 1);
+  EXPECT_EQ(r.kv->find_cached_prefix(a, {}), 20);  // recomputed and cached again
+}
+
 TEST(TieredKvStore, RejectsBudgetsThatHoldNoBlock) {
   KvStorage s = std::move(KvStorage::create(KvGeometry{2, 8, 4, KvType::f32}, 4).value());
   EXPECT_FALSE(TieredKvStore::create(KvTierConfig{100, "", 0, {}}, {&s}).ok());

@@ -471,7 +471,9 @@ class Server:
     def command(self):
         # Port 0: the server binds a free port itself and logs it (no race with another process).
         cmd = [Config.serval, "serve", "-m", self.model, "--host", "127.0.0.1", "--port", "0",
-               "-t", str(self.threads), "--kv-memory", "64M"]
+               "-t", str(self.threads)]
+        if "--kv-memory" not in self.args:
+            cmd += ["--kv-memory", "64M"]
         if self.chat_template:
             cmd += ["--chat-template", self.chat_template]
         cmd += self.args
