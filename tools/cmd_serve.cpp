@@ -98,6 +98,9 @@ int cmd_serve(int argc, char** argv) {
                  "disk tier of the prefix cache: blocks the RAM tier (or the pool) evicts go here, and survive "
                  "restarts");
   app.add_option("--kv-cache-disk", tier_disk, "disk tier budget (bytes: 20G; default 4G with --kv-cache-dir)");
+  size_t max_sessions = server::ServerConfig{}.max_sessions;
+  app.add_option("--max-sessions", max_sessions, "saved sessions (/v1/sessions; with --kv-cache-dir), at most")
+      ->check(CLI::Range((size_t)1, (size_t)1 << 20));
   app.add_option("-c,--ctx-size,--max-model-len", ctx, "context per sequence (0: the model's, at most 4096)")
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("--max-batch-tokens", max_batch_tokens, "token budget of one engine step")->check(CLI::Range(1, 1 << 20));
@@ -187,6 +190,7 @@ int cmd_serve(int argc, char** argv) {
   scfg.reasoning_format = reasoning_format;
   scfg.tool_call_format = tool_call_format;
   scfg.responses_store_entries = responses_store;
+  scfg.max_sessions = max_sessions;
   scfg.shared_prefix_cache = shared_prefix_cache;
   scfg.engine_control = engine_control;
   scfg.model_name = served_name;

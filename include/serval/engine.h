@@ -296,6 +296,22 @@ class Engine {
   // Cancels a request in any state; its KV blocks are freed within one step.
   void cancel(uint64_t request_id);
 
+  // Saved prefixes (sessions) on the disk tier (kv_cache_dir). For the full
+  // blocks of `tokens` under a tenant's salt, as far as they are cached in
+  // the pool or a tier:
+  //   pin      copies them to the disk tier, which keeps them out of its LRU
+  //            eviction (pins nest: one per saved session holding a block)
+  //   unpin    drops one pin of each
+  //   restore  loads them into the pool (as a prefix hit would), so that the
+  //            next request with this prefix computes none of it
+  // `done` gets the prefix tokens the operation covered (0 when nothing of
+  // the prefix is cached) or an error (no disk tier, the disk budget full of
+  // pinned blocks); it runs on the engine thread, or on the caller's for an
+  // error found at once.
+  enum class PrefixOp { pin, unpin, restore };
+  void prefix_op(PrefixOp op, std::vector<TokenId> tokens, uint64_t tenant_salt,
+                 std::function<void(Expected<int64_t>)> done);
+
   // Stepping control (vLLM's pause_generation), for tests that need a given
   // interleaving and for operators draining a replica. After pause() returns
   // the loop is parked between steps: no step runs until resume() or step(),

@@ -156,6 +156,33 @@ Engine::~Engine() {
   }
 }
 
+void Engine::prefix_op(PrefixOp op, std::vector<TokenId> tokens, uint64_t tenant_salt,
+                       std::function<void(Expected<int64_t>)> done) {
+  Impl* im = impl_.get();
+  if (!im->tiers || !im->tiers->has_disk())
+    return done(invalid_argument("saved prefixes need the disk tier of the KV cache (--kv-cache-dir)"));
+  for (TokenId t : tokens)
+    if (t < 0 || t >= im->tok.n_vocab()) return done(invalid_argument("token id " + std::to_string(t) + " out of range"));
+  auto fn = [im, op, tokens = std::move(tokens), tenant_salt, done] {
+    const PrefixKey key{tenant_salt, 0};
+    if (op == PrefixOp::restore) return done(im->kv->restore_prefix(tokens, key));
+    const int64_t n = im->kv->pin_prefix(tokens, key, op == PrefixOp::pin);
+    if (n < 0)
+      return done(Status(StatusCode::resource_exhausted,
+                         "the disk tier's budget is full of saved prefixes (--kv-cache-disk); delete some"));
+    done(n);
+  };
+  {
+    std::lock_guard<std::mutex> lk(im->inbox_mu);
+    if (!im->stopping) {
+      im->ops.push_back(std::move(fn));
+      im->inbox_cv.notify_all();
+      return;
+    }
+  }
+  done(Status(StatusCode::resource_exhausted, "engine shutting down"));
+}
+
 void Engine::pause() {
   std::unique_lock<std::mutex> lk(impl_->inbox_mu);
   impl_->pause_requested = true;

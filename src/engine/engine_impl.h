@@ -148,6 +148,7 @@ struct Engine::Impl {
   std::condition_variable inbox_cv;
   std::vector<std::unique_ptr<RequestState>> inbox;
   std::vector<EmbedJob> embed_inbox;
+  std::vector<std::function<void()>> ops;  // run on the loop thread between steps (Engine::prefix_op)
   std::vector<uint64_t> cancels;
   bool stopping = false;
   std::atomic<uint64_t> next_request_id{1};

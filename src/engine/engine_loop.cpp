@@ -482,6 +482,15 @@ void Engine::Impl::publish_stats() {
 bool Engine::Impl::wait_for_work() {
   std::unique_lock<std::mutex> lk(inbox_mu);
   for (;;) {
+    if (!ops.empty()) {  // between steps, paused or not
+      std::vector<std::function<void()>> run;
+      run.swap(ops);
+      lk.unlock();
+      for (auto& op : run) op();
+      publish_stats();
+      lk.lock();
+      continue;
+    }
     if (stopping) return false;
     if (pause_requested && steps_allowed == 0) {
       if (!parked) {

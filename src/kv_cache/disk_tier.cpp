@@ -175,7 +175,8 @@ Status DiskTier::init() {
     stats_.bytes += (int64_t)file_bytes();
     ++stats_.recovered;
   }
-  while ((size_t)stats_.bytes > cfg_.budget_bytes && !lru_.empty()) evict_one();
+  while ((size_t)stats_.bytes > cfg_.budget_bytes && evict_one()) {
+  }
   return {};
 }
 
@@ -253,28 +254,52 @@ void DiskTier::erase(std::unordered_map<Hash128, Entry, Hash128Hasher>::iterator
     }
   }
   --stats_.files;
+  if (e.pins > 0) --stats_.pinned;
   stats_.bytes -= (int64_t)file_bytes();
   lru_.erase(e.lru);
   index_.erase(it);
 }
 
-void DiskTier::evict_one() {
-  erase(index_.find(lru_.front()));
-  ++stats_.evictions;
+bool DiskTier::evict_one() {
+  for (const Hash128& h : lru_) {
+    auto it = index_.find(h);
+    if (it->second.pins > 0) continue;
+    erase(it);
+    ++stats_.evictions;
+    return true;
+  }
+  return false;
 }
 
-void DiskTier::store(const TierBlockMeta& m, const uint8_t* payload, bool blocking) {
+bool DiskTier::pin(const TierBlockMeta& m) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = index_.find(m.hash);
+  if (it == index_.end() || !it->second.meta.names(m)) return false;
+  if (it->second.pins++ == 0) ++stats_.pinned;
+  lru_.splice(lru_.end(), lru_, it->second.lru);
+  return true;
+}
+
+void DiskTier::unpin(const TierBlockMeta& m) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = index_.find(m.hash);
+  if (it == index_.end() || !it->second.meta.names(m) || it->second.pins == 0) return;
+  if (--it->second.pins == 0) --stats_.pinned;
+}
+
+bool DiskTier::store(const TierBlockMeta& m, const uint8_t* payload, bool blocking, bool pinned) {
   const size_t fb = file_bytes();
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = index_.find(m.hash);
     if (it != index_.end() && it->second.meta.names(m)) {
       lru_.splice(lru_.end(), lru_, it->second.lru);
-      return;
+      if (pinned && it->second.pins++ == 0) ++stats_.pinned;
+      return true;
     }
     if (fb > cfg_.budget_bytes || (!blocking && pending_bytes_ + fb > cfg_.max_pending_bytes)) {
       ++stats_.write_drops;
-      return;
+      return false;
     }
   }
   auto image = std::make_shared<const std::vector<uint8_t>>(image_of(m, payload));
@@ -283,17 +308,34 @@ void DiskTier::store(const TierBlockMeta& m, const uint8_t* payload, bool blocki
     done_cv_.wait(lk, [&] { return pending_bytes_ + fb <= cfg_.max_pending_bytes || (jobs_.empty() && !writing_); });
   if (pending_bytes_ + fb > cfg_.max_pending_bytes && !(jobs_.empty() && !writing_)) {
     ++stats_.write_drops;
-    return;
+    return false;
   }
-  if (auto it = index_.find(m.hash); it != index_.end()) erase(it);  // another block under this hash
-  while ((size_t)stats_.bytes + fb > cfg_.budget_bytes && !lru_.empty()) evict_one();
+  if (auto it = index_.find(m.hash); it != index_.end()) {
+    if (it->second.meta.names(m)) {  // stored meanwhile (by the writer's caller: this thread only; defensive)
+      if (pinned && it->second.pins++ == 0) ++stats_.pinned;
+      return true;
+    }
+    if (it->second.pins > 0) {  // a pinned block under this hash (a collision): keep it
+      ++stats_.write_drops;
+      return false;
+    }
+    erase(it);  // another block under this hash
+  }
+  while ((size_t)stats_.bytes + fb > cfg_.budget_bytes) {
+    if (!evict_one()) {  // everything left is pinned
+      ++stats_.write_drops;
+      return false;
+    }
+  }
   lru_.push_back(m.hash);
-  index_.emplace(m.hash, Entry{OwnedBlockMeta(m), image, std::prev(lru_.end())});
+  index_.emplace(m.hash, Entry{OwnedBlockMeta(m), image, std::prev(lru_.end()), pinned ? 1 : 0});
+  if (pinned) ++stats_.pinned;
   ++stats_.files;
   stats_.bytes += (int64_t)fb;
   jobs_.push_back({m.hash, image});
   pending_bytes_ += fb;
   cv_.notify_one();
+  return true;
 }
 
 bool DiskTier::load(const TierBlockMeta& m, uint8_t* payload) {

@@ -61,6 +61,7 @@ class DiskTier {
     int64_t corrupt = 0;        // files of ours that failed a check (deleted)
     int64_t foreign = 0;        // files of another identity or format (ignored)
     int64_t recovered = 0;      // files indexed at start
+    int64_t pinned = 0;         // entries holding a pin
   };
 
   // Creates the directory if needed, loads or makes the hash key, deletes
@@ -77,9 +78,16 @@ class DiskTier {
   bool contains(const TierBlockMeta& m) const;
   void touch(const TierBlockMeta& m);
   // Queues a write of m's payload (copied), evicting least recently used
-  // files to stay within the budget. With blocking set, waits for room in
-  // the write queue instead of dropping.
-  void store(const TierBlockMeta& m, const uint8_t* payload, bool blocking = false);
+  // unpinned files to stay within the budget. With blocking set, waits for
+  // room in the write queue instead of dropping; with pinned, the new entry
+  // holds one pin. False when it was not stored (queue full, or no unpinned
+  // file left to evict). An entry held already is touched (and pinned).
+  bool store(const TierBlockMeta& m, const uint8_t* payload, bool blocking = false, bool pinned = false);
+  // Pins: a pinned entry is never evicted (saved sessions). pin() adds one
+  // to an entry held (false if not held); unpin() drops one. In memory only:
+  // the owner of the pins re-pins after a restart.
+  bool pin(const TierBlockMeta& m);
+  void unpin(const TierBlockMeta& m);
   // Reads and checks m's file into payload (payload_bytes). False when it is
   // not held or fails a check (then it is deleted and counted).
   bool load(const TierBlockMeta& m, uint8_t* payload);
@@ -92,6 +100,7 @@ class DiskTier {
     OwnedBlockMeta meta;
     std::shared_ptr<const std::vector<uint8_t>> pending;  // the file image while it is being written
     std::list<Hash128>::iterator lru;
+    int32_t pins = 0;
   };
   struct Job {
     Hash128 hash;
@@ -105,7 +114,7 @@ class DiskTier {
   // Checks a file's header and token ids; *meta gets its name. Returns false
   // for foreign (another identity/format: *foreign set) and bad files.
   bool parse_header(const uint8_t* p, size_t n, OwnedBlockMeta* meta, bool* foreign) const;
-  void evict_one();  // the least recently used entry (mu_ held)
+  bool evict_one();  // the least recently used unpinned entry; false if none (mu_ held)
   void erase(std::unordered_map<Hash128, Entry, Hash128Hasher>::iterator it);  // mu_ held
   void writer_loop();
 

@@ -1,6 +1,7 @@
 #include "kv_cache/kv_cache_manager.h"
 
 #include <algorithm>
+#include <climits>
 #include <string>
 
 namespace serval {
@@ -48,12 +49,14 @@ size_t KvCacheManager::swa_first_block(int64_t first_write_pos) const {
 // ---------------------------------------------------------------------------
 // prefix cache
 
-KvCacheManager::Match KvCacheManager::match(std::span<const TokenId> tokens, const PrefixKey& key) const {
+KvCacheManager::Match KvCacheManager::match(std::span<const TokenId> tokens, const PrefixKey& key,
+                                            bool whole) const {
   Match m;
   std::vector<ChainLink>& links = m.links;
   if (!cfg_.enable_prefix_caching || tokens.empty()) return m;
   const size_t bs = static_cast<size_t>(cfg_.block_size);
-  const size_t max_blocks = (tokens.size() - 1) / bs;  // leave at least one token to compute
+  // Leave at least one token to compute, unless asked for every full block.
+  const size_t max_blocks = whole ? tokens.size() / bs : (tokens.size() - 1) / bs;
   Hash128 parent_hash;
   uint64_t parent_entry = 0;
   size_t i = 0;
@@ -100,10 +103,22 @@ KvCacheManager::Match KvCacheManager::match(std::span<const TokenId> tokens, con
 }
 
 int64_t KvCacheManager::acquire_cached_prefix(SeqId seq, std::span<const TokenId> tokens, const PrefixKey& key) {
+  if (!cfg_.enable_prefix_caching) {
+    seqs_[seq];
+    return 0;
+  }
+  const int64_t hit = acquire(seq, tokens, key, false);
+  ++stats_.prefix_queries;
+  stats_.prefix_query_tokens += static_cast<int64_t>(tokens.size());
+  stats_.prefix_hit_tokens += hit;
+  return hit;
+}
+
+int64_t KvCacheManager::acquire(SeqId seq, std::span<const TokenId> tokens, const PrefixKey& key, bool whole) {
   SeqBlocks& s = seqs_[seq];
   SERVAL_ASSERT(s.table.empty() && !s.swapped);
-  if (!cfg_.enable_prefix_caching) return 0;
-  Match m = match(tokens, key);
+  Match m = match(tokens, key, whole);
+  const size_t n_found = m.links.size() + m.tier.size();
   s.chain = std::move(m.links);
   for (const ChainLink& l : s.chain) {
     pool_.ref(l.block);
@@ -134,7 +149,7 @@ int64_t KvCacheManager::acquire_cached_prefix(SeqId seq, std::span<const TokenId
     s.table.push_back(b);
     stats_.tier_hit_tokens += cfg_.block_size;
   }
-  if (tier_ && !m.tier_complete && s.chain.size() == m.links.size() + m.tier.size()) tier_->note_miss();
+  if (tier_ && !m.tier_complete && s.chain.size() == n_found) tier_->note_miss();
   if (has_swa()) {
     s.swa.assign(s.chain.size(), -1);
     for (size_t i = 0; i < m.swa.size(); ++i) {
@@ -144,11 +159,31 @@ int64_t KvCacheManager::acquire_cached_prefix(SeqId seq, std::span<const TokenId
     s.swa_lo = m.swa_lo;
     s.swa_cached = s.chain.size();
   }
-  const int64_t hit = static_cast<int64_t>(s.chain.size()) * cfg_.block_size;
-  ++stats_.prefix_queries;
-  stats_.prefix_query_tokens += static_cast<int64_t>(tokens.size());
-  stats_.prefix_hit_tokens += hit;
   note_peak();
+  return static_cast<int64_t>(s.chain.size()) * cfg_.block_size;
+}
+
+int64_t KvCacheManager::pin_prefix(std::span<const TokenId> tokens, const PrefixKey& key, bool pin) {
+  if (!tier_) return 0;
+  const Match m = match(tokens, key, /*whole=*/true);
+  const size_t bs = static_cast<size_t>(cfg_.block_size);
+  size_t i = 0;
+  for (const ChainLink& l : m.links) {
+    if (!tier_->pin(pool_.meta(l.block), l.block, pin)) return -1;
+    ++i;
+  }
+  for (size_t j = 0; j < m.tier.size(); ++j, ++i) {
+    const Hash128 parent = j ? m.tier[j - 1] : i ? m.links[i - 1].hash : Hash128{};
+    if (!tier_->pin({m.tier[j], parent, key, tokens.subspan(i * bs, bs)}, -1, pin)) return -1;
+  }
+  return static_cast<int64_t>(i) * cfg_.block_size;
+}
+
+int64_t KvCacheManager::restore_prefix(std::span<const TokenId> tokens, const PrefixKey& key) {
+  if (!cfg_.enable_prefix_caching) return 0;
+  constexpr SeqId kRestoreSeq = INT64_MIN;  // never an engine seq id
+  const int64_t hit = acquire(kRestoreSeq, tokens, key, /*whole=*/true);
+  free(kRestoreSeq);
   return hit;
 }
 

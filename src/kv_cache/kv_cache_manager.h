@@ -111,6 +111,15 @@ class KvCacheManager {
   // Hands every cached device block to the tier (at shutdown, so that a
   // persistent tier keeps what the pool held).
   void flush_to_tier();
+  // Saved prefixes (Engine::prefix_op): the full blocks of `tokens` (all of
+  // them, the last one too) that the pool or the tier holds, in chain order.
+  // pin_prefix pins (or unpins) them on the tier; returns the tokens covered,
+  // or -1 when the tier could not pin one (budget full of pinned blocks).
+  // restore_prefix loads the tier's into the pool, as a hit would, and leaves
+  // all of them evictable at the recent end; returns the tokens now cached
+  // in the pool. Neither counts as a prefix query.
+  int64_t pin_prefix(std::span<const TokenId> tokens, const PrefixKey& key, bool pin);
+  int64_t restore_prefix(std::span<const TokenId> tokens, const PrefixKey& key);
 
   // --- swap tier (host blocks 0 .. n_host_blocks-1) ---
   bool can_swap_out(SeqId seq) const;  // holds device blocks and enough host blocks are free
@@ -191,7 +200,11 @@ class KvCacheManager {
   };
 
   const SeqBlocks* find_seq(SeqId seq) const;
-  Match match(std::span<const TokenId> tokens, const PrefixKey& key) const;
+  // whole: every full block may match (saved prefixes); else at least one
+  // token is left to compute.
+  Match match(std::span<const TokenId> tokens, const PrefixKey& key, bool whole = false) const;
+  // acquire_cached_prefix without the counting.
+  int64_t acquire(SeqId seq, std::span<const TokenId> tokens, const PrefixKey& key, bool whole);
   int64_t blocks_needed(const SeqBlocks* s, int64_t n_tokens, int64_t first_write_pos) const;
   // Sliding-window blocks to take (copies and new blocks) minus those this seq
   // alone holds behind the window (they are released first).

@@ -162,6 +162,26 @@ void TieredKvStore::note_miss() {
   if (disk_) ++st_.disk_misses;
 }
 
+bool TieredKvStore::pin(const TierBlockMeta& m, BlockId device, bool pin) {
+  if (!disk_) return false;
+  if (!pin) {
+    disk_->unpin(m);
+    return true;
+  }
+  if (disk_->pin(m)) return true;  // on disk (or being written) already
+  const uint8_t* src = nullptr;
+  if (device >= 0) {
+    gather(device, scratch_.data());
+    src = scratch_.data();
+  } else if (const int32_t s = ram_ ? ram_->find(m) : -1; s >= 0) {
+    src = ram_->bytes(s);
+  } else {
+    return false;
+  }
+  st_.bytes_stored += (int64_t)payload_bytes_;
+  return disk_->store(m, src, /*blocking=*/true, /*pinned=*/true);
+}
+
 void TieredKvStore::persist() {
   if (!disk_) return;
   if (ram_)
@@ -182,6 +202,7 @@ KvTierStats TieredKvStore::stats() const {
     s.disk_corrupt = d.corrupt;
     s.disk_foreign = d.foreign;
     s.disk_recovered = d.recovered;
+    s.disk_pinned = d.pinned;
   }
   return s;
 }

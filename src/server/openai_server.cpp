@@ -517,6 +517,17 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   s->parse_ctx_.limits = s->cfg_.limits;
   s->parse_ctx_.grammar_cache = &s->grammar_cache_;
   s->responses_ = std::make_unique<ResponseStore>(s->cfg_.responses_store_entries);
+  if (const std::string& dir = engine.config().kv_cache_dir; !dir.empty() && info.generates) {
+    std::vector<std::string> skipped;
+    auto st = SessionStore::open(dir + "/sessions", s->cfg_.max_sessions, &skipped);
+    if (!st.ok()) return st.status();
+    s->sessions_ = std::move(st.value());
+    for (const std::string& f : skipped)
+      std::fprintf(stderr, "serval serve: sessions: skipped %s (unreadable, or past --max-sessions)\n", f.c_str());
+    // The disk tier's pins live in memory: saved sessions pin their blocks again.
+    for (const Session& ss : s->sessions_->all())
+      engine.prefix_op(Engine::PrefixOp::pin, ss.tokens, ss.salt, [](Expected<int64_t>) {});
+  }
   s->cfg_.observability.model_name = s->cfg_.model_name;
   auto obs = Observability::create(s->cfg_.observability);
   if (!obs.ok()) return obs.status();
@@ -668,6 +679,7 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
     if (!post) return method_not_allowed(ch, "POST");
     return handle_detokenize(req, ch);
   }
+  if (path == "/v1/sessions" || path.rfind("/v1/sessions/", 0) == 0) return handle_session(req, ch);
   if (BatchApi::routes(path)) {
     if (!batch_api_)
       return send_error(ch, ApiError{404, "the Files and Batches APIs are off on this server (see --batch-dir)",
@@ -1001,6 +1013,154 @@ void OpenAiServer::handle_embed(const http::HttpRequest& req, const std::shared_
     if (!handle->error.ok()) return send_error(ch, from_status(handle->error));
     send_json(ch, 200, rr ? rerank_response(*rr, *handle) : embeddings_response(*emb, *handle));
   });
+}
+
+namespace {
+
+json session_json(const Session& s) {
+  return {{"id", s.id},
+          {"object", "session"},
+          {"created", s.created},
+          {"tokens", (int64_t)s.tokens.size()},
+          {"saved_tokens", s.saved_tokens}};
+}
+
+}  // namespace
+
+void OpenAiServer::handle_session(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {
+  if (!sessions_)
+    return send_error(ch, ApiError{400, "sessions need the disk tier of the KV cache (serve with --kv-cache-dir)",
+                                   "invalid_request_error", "", "sessions_disabled"});
+  const std::string owner = owner_of(req);
+  const std::string rest = req.path.size() > 13 ? req.path.substr(13) : "";  // after "/v1/sessions/"
+  if (req.path == "/v1/sessions") {
+    if (req.method != "GET") return method_not_allowed(ch, "GET");
+    json data = json::array();
+    for (const Session& ss : sessions_->list(owner)) data.push_back(session_json(ss));
+    return send_json(ch, 200, dump(json{{"object", "list"}, {"data", data}}));
+  }
+  std::string id = rest, action;
+  if (const size_t slash = rest.find('/'); slash != std::string::npos) {
+    id = rest.substr(0, slash);
+    action = rest.substr(slash + 1);
+  }
+  if (!valid_session_id(id))
+    return send_error(ch, bad_request("session id: 1 to 128 of A-Z a-z 0-9 _ . - (not starting with '.')", "id"));
+  if (action == "save") {
+    if (req.method != "POST") return method_not_allowed(ch, "POST");
+    return save_session(req, ch, id);
+  }
+  const std::optional<Session> found = sessions_->get(owner, id);
+  if (!found && (action.empty() || action == "restore"))
+    return send_error(ch, ApiError{404, "no session '" + id + "'", "invalid_request_error", "id", "not_found"});
+  if (action == "restore") {
+    if (req.method != "POST") return method_not_allowed(ch, "POST");
+    const Session ss = *found;
+    return engine_.prefix_op(Engine::PrefixOp::restore, ss.tokens, ss.salt,
+                             [this, life = life_, ch, ss](Expected<int64_t> n) {
+                               std::lock_guard<std::mutex> lk(life->mu);
+                               if (!life->alive) return;
+                               if (!n.ok()) return send_error(ch, from_status(n.status()));
+                               json j = session_json(ss);
+                               j["restored_tokens"] = *n;
+                               send_json(ch, 200, dump(j));
+                             });
+  }
+  if (!action.empty())
+    return send_error(ch, ApiError{404, "no route for " + req.method + " " + req.path, "invalid_request_error", "",
+                                   "not_found"});
+  if (req.method == "GET") return send_json(ch, 200, dump(session_json(*found)));
+  if (req.method != "DELETE") return method_not_allowed(ch, "GET, DELETE");
+  sessions_->erase(owner, id);
+  engine_.prefix_op(Engine::PrefixOp::unpin, found->tokens, found->salt, [](Expected<int64_t>) {});
+  send_json(ch, 200, dump(json{{"id", id}, {"object", "session.deleted"}, {"deleted", true}}));
+}
+
+// Save: the body is a completions or chat completions body (its prompt, as
+// that request would build it: "add_generation_prompt": false leaves the
+// assistant header off). The prompt runs as a one-token request (prefix hits
+// count; the rest is computed and cached), then its full blocks are pinned.
+void OpenAiServer::save_session(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch,
+                                const std::string& id) {
+  json body;
+  if (auto err = body_object(req.body, cfg_.limits.max_json_depth, &body)) return send_error(ch, *err);
+  const bool chat = body.contains("messages");
+  auto parsed = parse_openai_request(req.body, chat, parse_ctx_);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ch, *e);
+  ParsedRequest& r = std::get<ParsedRequest>(parsed);
+  if (r.prompts.size() != 1) return send_error(ch, bad_request("prompt: a session saves one prompt", "prompt"));
+  Session ss;
+  ss.id = id;
+  ss.owner = owner_of(req);
+  ss.salt = tenant_salt(cfg_, req);
+  ss.tokens = r.prompts[0];
+  ss.created = unix_now();
+  const int64_t need = (int64_t)ss.tokens.size() + 1;
+  const size_t reqs = ++inflight_requests_;
+  const int64_t toks = (inflight_tokens_ += need);
+  auto release = [this, need] {
+    --inflight_requests_;
+    inflight_tokens_ -= need;
+  };
+  if (reqs > cfg_.max_inflight_requests || (toks > cfg_.max_inflight_tokens && reqs > 1)) {
+    release();
+    return send_error(ch, ApiError{429, "server is at capacity; retry later", "rate_limit_error", "",
+                                   "rate_limit_exceeded"},
+                      {{"Retry-After", "1"}});
+  }
+  Request er;
+  er.prompt = ss.tokens;
+  er.params.temperature = 0;
+  er.params.max_tokens = 1;
+  er.params.ignore_eos = true;
+  er.tenant_salt = ss.salt;
+  er.speculate = false;
+  auto sub = engine_.submit(std::move(er));
+  if (!sub.ok()) {
+    release();
+    return send_error(ch, from_status(sub.status()));
+  }
+  std::shared_ptr<RequestStream> stream = *sub;
+  // Called from the engine thread (notify) and once here: one at a time.
+  struct Progress {
+    std::mutex mu;
+    Status err;
+    bool fired = false;
+  };
+  auto prog = std::make_shared<Progress>();
+  auto on_event = [this, life = life_, ch, stream, prog, ss, release]() mutable {
+    std::lock_guard<std::mutex> plk(prog->mu);
+    OutputEvent ev;
+    while (stream->next_for(&ev, 0))
+      if (!ev.error.ok()) prog->err = ev.error;
+    if (prog->fired || (!stream->done() && prog->err.ok())) return;
+    prog->fired = true;
+    const Status err = prog->err;
+    if (!err.ok()) {
+      std::lock_guard<std::mutex> lk(life->mu);
+      if (!life->alive) return;
+      release();
+      return send_error(ch, from_status(err));
+    }
+    engine_.prefix_op(Engine::PrefixOp::pin, ss.tokens, ss.salt,
+                      [this, life, ch, ss, release](Expected<int64_t> n) mutable {
+                        std::lock_guard<std::mutex> lk(life->mu);
+                        if (!life->alive) return;
+                        release();
+                        if (!n.ok()) return send_error(ch, from_status(n.status()));
+                        ss.saved_tokens = *n;
+                        const std::optional<Session> old = sessions_->get(ss.owner, ss.id);
+                        if (Status st = sessions_->put(ss); !st.ok()) {
+                          engine_.prefix_op(Engine::PrefixOp::unpin, ss.tokens, ss.salt, [](Expected<int64_t>) {});
+                          return send_error(ch, from_status(st));
+                        }
+                        if (old)  // replaced: its pins go (the new ones are taken already)
+                          engine_.prefix_op(Engine::PrefixOp::unpin, old->tokens, old->salt, [](Expected<int64_t>) {});
+                        send_json(ch, 200, dump(session_json(ss)));
+                      });
+  };
+  stream->set_notify(on_event);
+  on_event();  // events queued before the notify was set
 }
 
 void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {

@@ -26,6 +26,7 @@
 #include "server/observability.h"
 #include "server/openai_request.h"
 #include "server/responses_api.h"
+#include "server/sessions.h"
 
 namespace serval::server {
 
@@ -50,6 +51,8 @@ struct ServerConfig {
   // Responses API: responses kept for previous_response_id and GET
   // /v1/responses/{id} (least recently used out; 0 = none are kept).
   size_t responses_store_entries = 1024;
+  // Saved sessions (sessions.h; with the engine's kv_cache_dir): at most this many.
+  size_t max_sessions = 1024;
   size_t max_inflight_requests = 256;        // accepted and not finished; past it: 429
   int64_t max_inflight_tokens = 1 << 20;     // sum of (prompt + max new tokens) x n in flight; past it: 429
   double request_timeout_s = 0;              // per-request deadline; 0 = none
@@ -117,6 +120,10 @@ class OpenAiServer {
   // /v1/embeddings (rerank false) and /v1/rerank (embeddings_api.h).
   void handle_embed(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch, bool rerank);
   void handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
+  // /v1/sessions[/{id}[/save|/restore]] (sessions.h).
+  void handle_session(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
+  void save_session(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch,
+                    const std::string& id);
   void send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra = {});
   void send_json(const std::shared_ptr<http::ResponseChannel>& ch, int status, const std::string& body);
   bool authorized(const http::HttpRequest& req) const { return key_index(req) >= 0; }
@@ -148,6 +155,7 @@ class OpenAiServer {
   std::unique_ptr<Observability> obs_;
   std::unique_ptr<ResponseStore> responses_;  // stored Responses API responses (previous_response_id)
   BatchApi* batch_api_ = nullptr;
+  std::unique_ptr<SessionStore> sessions_;  // null without the disk tier
 
   mutable std::mutex mu_;  // guards the map below
   std::map<uint64_t, std::shared_ptr<Job>> jobs_;  // owns each job until job_done()

@@ -206,6 +206,41 @@ TEST(DiskTier, NeverExceedsItsBudget) {
   for (int i = 0; i < 10; ++i) EXPECT_EQ((*t)->contains({{(uint64_t)i + 1, 1}, {}, {}, toks[(size_t)i]}), i >= 7) << i;
 }
 
+TEST(DiskTier, PinnedFilesAreNeverEvicted) {
+  TempDir d;
+  auto t0 = DiskTier::open(disk_cfg(d.path, 1));
+  ASSERT_TRUE(t0.ok());
+  const size_t fb = (*t0)->file_bytes();
+  t0->reset();
+  auto t = DiskTier::open(disk_cfg(d.path, 3 * fb));
+  ASSERT_TRUE(t.ok());
+  const auto bytes = pattern(1000, 4);
+  std::vector<Toks> toks;
+  for (int i = 0; i < 10; ++i) toks.push_back(range(i, 4));
+  auto meta = [&](int i) { return TierBlockMeta{{(uint64_t)i + 1, 1}, {}, {}, toks[(size_t)i]}; };
+  EXPECT_TRUE((*t)->store(meta(0), bytes.data(), true, /*pinned=*/true));
+  EXPECT_TRUE((*t)->store(meta(1), bytes.data(), true));
+  EXPECT_TRUE((*t)->pin(meta(1)));
+  EXPECT_TRUE((*t)->pin(meta(1)));  // pins nest
+  EXPECT_FALSE((*t)->pin(meta(5)));  // not held
+  for (int i = 2; i < 10; ++i) EXPECT_TRUE((*t)->store(meta(i), bytes.data(), true));
+  EXPECT_TRUE((*t)->contains(meta(0)));
+  EXPECT_TRUE((*t)->contains(meta(1)));
+  EXPECT_TRUE((*t)->contains(meta(9)));
+  EXPECT_EQ((*t)->stats().pinned, 2);
+  // Full of pins: a pinned store that needs room fails, a plain one too.
+  EXPECT_TRUE((*t)->pin(meta(9)));
+  EXPECT_FALSE((*t)->store(meta(8), bytes.data(), true, true));
+  EXPECT_FALSE((*t)->store(meta(7), bytes.data(), true));
+  (*t)->unpin(meta(1));
+  EXPECT_FALSE((*t)->store(meta(7), bytes.data(), true));  // block 1 still holds one pin
+  (*t)->unpin(meta(1));
+  EXPECT_TRUE((*t)->store(meta(7), bytes.data(), true));  // now block 1 goes
+  EXPECT_FALSE((*t)->contains(meta(1)));
+  EXPECT_TRUE((*t)->contains(meta(0)));
+  EXPECT_LE((*t)->stats().bytes, (int64_t)(3 * fb));
+}
+
 // The manager with a real KvStorage and TieredKvStore: fill each block with a
 // pattern named by its tokens, evict it by filling the pool with other
 // sequences, then a new sequence with the same prompt gets the bytes back.

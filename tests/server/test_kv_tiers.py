@@ -6,7 +6,9 @@ a server without any cache; tier budgets are never exceeded (from /metrics
 after every request); a server restarted on the same --kv-cache-dir hits the
 disk tier on its first request; SIGKILL in the middle of tier writes leaves
 no file that the next start uses wrongly, and damaged files are counted and
-never used; bad flags get a one-line error."""
+never used; saved sessions (/v1/sessions) are pinned against eviction,
+restored into the pool, owned by their API key and survive restarts; bad
+flags and bad session requests get clear errors."""
 
 import contextlib
 import glob
@@ -181,6 +183,85 @@ def sigkill_during_writes_and_damaged_files_are_never_used(_):
                 if i == 0:
                     check(tier_metric(srv.port, "serval_kv_tier_hits_total", "disk") >= 12,
                           "prompt 0 came from its files")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def call(port, method, path, body=None, key=None):
+    from harness import request
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return request(port, method, path, body=body, headers=headers)
+
+
+def metric_as(port, name, key, labels=None):
+    from harness import parse_metrics
+    r = call(port, "GET", "/metrics", None, key)
+    eq(r.status, 200, "GET /metrics")
+    samples, _, _ = parse_metrics(r.body.decode())
+    return sum(v for lbl, v in samples.get(name, []) if not labels or all(lbl.get(k) == x for k, x in labels.items()))
+
+
+def complete_as(port, p, key, max_tokens=12):
+    r = call(port, "POST", "/v1/completions", {"prompt": p, "max_tokens": max_tokens, "temperature": 0, "logprobs": 3,
+                                               "ignore_eos": True}, key)
+    eq(r.status, 200, f"completion ({r})")
+    ch = r.json()["choices"][0]
+    return (ch["text"], ch["logprobs"]["token_logprobs"], ch["logprobs"]["top_logprobs"]), r.json()["usage"]
+
+
+@suite.test
+def sessions_are_pinned_restored_owned_and_survive_restarts(_):
+    tmp = tempfile.mkdtemp(prefix="serval-tiers-")
+    try:
+        ps = prompts(6)
+        k1, k2 = "key-one", "key-two"
+        # A disk budget of 30 block files: the other prompts' blocks churn through it, the session's stay.
+        args = [*POOL, "--api-key", k1, "--api-key", k2, "--kv-cache-dir", tmp,
+                "--kv-cache-disk", str(30 * (BLOCK_BYTES + 104 + 64))]
+        with Server(*args, name="sessions") as srv:
+            r = call(srv.port, "POST", "/v1/sessions/chat-1/save", {"prompt": ps[0]}, k1)
+            eq(r.status, 200, f"save ({r})")
+            j = r.json()
+            eq((j["id"], j["object"], j["tokens"], j["saved_tokens"]), ("chat-1", "session", 200, 192), "save body")
+            for i in range(1, 6):
+                complete_as(srv.port, ps[i], k1)
+            check(metric_as(srv.port, "serval_kv_tier_evictions_total", k1, {"tier": "disk"}) > 0, "the disk tier evicted")
+            r = call(srv.port, "POST", "/v1/sessions/chat-1/restore", None, k1)
+            eq(r.status, 200, f"restore ({r})")
+            eq(r.json()["restored_tokens"], 192, "restored from the pinned files")
+            hits0 = metric_as(srv.port, "serval_kv_tier_hit_tokens_total", k1)
+            out, usage = complete_as(srv.port, ps[0], k1)
+            eq(out, REFERENCE[0], "the conversation resumes exactly")
+            eq(usage["prompt_tokens_details"]["cached_tokens"], 192, "its prefix was in the pool")
+            eq(metric_as(srv.port, "serval_kv_tier_hit_tokens_total", k1), hits0, "after a restore no tier load is needed")
+            # Another key: the session does not exist for it.
+            for method, path in [("GET", "/v1/sessions/chat-1"), ("POST", "/v1/sessions/chat-1/restore"),
+                                 ("DELETE", "/v1/sessions/chat-1")]:
+                r = call(srv.port, method, path, None, k2)
+                eq(r.status, 404, f"{method} {path} with another key ({r})")
+            eq(call(srv.port, "GET", "/v1/sessions", None, k2).json()["data"], [], "another key lists none")
+            eq([x["id"] for x in call(srv.port, "GET", "/v1/sessions", None, k1).json()["data"]], ["chat-1"],
+               "the owner lists it")
+            # Bad input.
+            eq(call(srv.port, "POST", "/v1/sessions/bad!id/save", {"prompt": ps[1]}, k1).status, 400, "bad id")
+            eq(call(srv.port, "POST", "/v1/sessions/x/save", "{not json", k1).status, 400, "bad body")
+            eq(call(srv.port, "POST", "/v1/sessions/x/save", {"prompt": [1, 999999]}, k1).status, 400, "bad token id")
+            eq(call(srv.port, "GET", "/v1/sessions/x/save", None, k1).status, 405, "GET on save")
+            eq(call(srv.port, "POST", "/v1/sessions/chat-1/save", {"prompt": ps[1]}, None).status, 401, "no key")
+        # Restart: the session and its pins come back.
+        with Server(*args, name="sessions-restarted") as srv:
+            r = call(srv.port, "GET", "/v1/sessions/chat-1", None, k1)
+            eq((r.status, r.json().get("saved_tokens")), (200, 192), f"the session after a restart ({r})")
+            for i in range(1, 6):  # churn the disk tier again
+                complete_as(srv.port, ps[(i + 1) % 5 + 1], k1)
+            r = call(srv.port, "POST", "/v1/sessions/chat-1/restore", None, k1)
+            eq(r.json().get("restored_tokens"), 192, f"restored after a restart and more churn ({r})")
+            eq(call(srv.port, "DELETE", "/v1/sessions/chat-1", None, k1).json()["deleted"], True, "deleted")
+            eq(call(srv.port, "GET", "/v1/sessions/chat-1", None, k1).status, 404, "gone")
+        # No disk tier: sessions are off, with a clear error.
+        with Server(*POOL, name="no-sessions") as srv:
+            r = call(srv.port, "POST", "/v1/sessions/a/save", {"prompt": ps[0]})
+            eq((r.status, r.json()["error"]["code"]), (400, "sessions_disabled"), "without --kv-cache-dir")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
