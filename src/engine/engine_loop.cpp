@@ -137,7 +137,11 @@ void Engine::Impl::drain_inbox() {
     embeds.swap(embed_inbox);
   }
   for (auto& j : embeds) embed_queue.push_back(std::move(j));
-  for (auto& rs : in) admit(std::move(rs));
+  for (auto& rs : in) {
+    // Disk-tier blocks of its prefix start loading now, while earlier work runs.
+    if (tiers && tiers->has_disk()) kv->prefetch_prefix(rs->req.prompt, PrefixKey{rs->req.tenant_salt, 0});
+    admit(std::move(rs));
+  }
   for (uint64_t rid : cancel_ids) {
     auto it = requests.find(rid);
     if (it == requests.end()) continue;

@@ -374,6 +374,19 @@ bool DiskTier::load(const TierBlockMeta& m, uint8_t* payload) {
   return false;
 }
 
+void DiskTier::prefetch(const TierBlockMeta& m) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = index_.find(m.hash);
+    if (it == index_.end() || !it->second.meta.names(m) || it->second.pending) return;
+    ++stats_.prefetches;
+  }
+  if (const int fd = ::open(path_of(m.hash, ".kvb").c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+    ::close(fd);
+  }
+}
+
 void DiskTier::drain() {
   std::unique_lock<std::mutex> lk(mu_);
   done_cv_.wait(lk, [&] { return jobs_.empty() && !writing_; });

@@ -62,6 +62,7 @@ class DiskTier {
     int64_t foreign = 0;        // files of another identity or format (ignored)
     int64_t recovered = 0;      // files indexed at start
     int64_t pinned = 0;         // entries holding a pin
+    int64_t prefetches = 0;     // readaheads started
   };
 
   // Creates the directory if needed, loads or makes the hash key, deletes
@@ -91,6 +92,10 @@ class DiskTier {
   // Reads and checks m's file into payload (payload_bytes). False when it is
   // not held or fails a check (then it is deleted and counted).
   bool load(const TierBlockMeta& m, uint8_t* payload);
+  // Asks the kernel to read m's file ahead (posix_fadvise WILLNEED): the
+  // read overlaps with whatever runs until load(). No-op if not held or
+  // still being written.
+  void prefetch(const TierBlockMeta& m);
   // Waits until every queued write is on disk.
   void drain();
   Stats stats() const;

@@ -179,6 +179,17 @@ int64_t KvCacheManager::pin_prefix(std::span<const TokenId> tokens, const Prefix
   return static_cast<int64_t>(i) * cfg_.block_size;
 }
 
+void KvCacheManager::prefetch_prefix(std::span<const TokenId> tokens, const PrefixKey& key) const {
+  if (!tier_) return;
+  const Match m = match(tokens, key);
+  const size_t bs = static_cast<size_t>(cfg_.block_size);
+  for (size_t j = 0; j < m.tier.size(); ++j) {
+    const size_t i = m.links.size() + j;
+    const Hash128 parent = j ? m.tier[j - 1] : i ? m.links[i - 1].hash : Hash128{};
+    tier_->prefetch({m.tier[j], parent, key, tokens.subspan(i * bs, bs)});
+  }
+}
+
 int64_t KvCacheManager::restore_prefix(std::span<const TokenId> tokens, const PrefixKey& key) {
   if (!cfg_.enable_prefix_caching) return 0;
   constexpr SeqId kRestoreSeq = INT64_MIN;  // never an engine seq id

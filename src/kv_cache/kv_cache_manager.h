@@ -119,6 +119,10 @@ class KvCacheManager {
   // all of them evictable at the recent end; returns the tokens now cached
   // in the pool. Neither counts as a prefix query.
   int64_t pin_prefix(std::span<const TokenId> tokens, const PrefixKey& key, bool pin);
+  // A request with this prompt has arrived: the tier starts reading the
+  // blocks a hit would load from it (KvTier::prefetch), so that its disk
+  // reads overlap with the steps that run before it is admitted.
+  void prefetch_prefix(std::span<const TokenId> tokens, const PrefixKey& key) const;
   int64_t restore_prefix(std::span<const TokenId> tokens, const PrefixKey& key);
 
   // --- swap tier (host blocks 0 .. n_host_blocks-1) ---

@@ -182,6 +182,11 @@ bool TieredKvStore::pin(const TierBlockMeta& m, BlockId device, bool pin) {
   return disk_->store(m, src, /*blocking=*/true, /*pinned=*/true);
 }
 
+void TieredKvStore::prefetch(const TierBlockMeta& m) {
+  if (!disk_ || (ram_ && ram_->find(m) >= 0)) return;
+  disk_->prefetch(m);
+}
+
 void TieredKvStore::persist() {
   if (!disk_) return;
   if (ram_)
@@ -203,6 +208,7 @@ KvTierStats TieredKvStore::stats() const {
     s.disk_foreign = d.foreign;
     s.disk_recovered = d.recovered;
     s.disk_pinned = d.pinned;
+    s.disk_prefetches = d.prefetches;
   }
   return s;
 }

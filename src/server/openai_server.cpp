@@ -978,19 +978,8 @@ void OpenAiServer::handle_embed(const http::HttpRequest& req, const std::shared_
   // Admission: embeddings count against the same bounds as generation.
   int64_t need = 0;
   for (const auto& in : er.inputs) need += (int64_t)in.size();
-  const size_t reqs = ++inflight_requests_;
-  const int64_t toks = (inflight_tokens_ += need);
-  auto release = [this, need] {
-    --inflight_requests_;
-    inflight_tokens_ -= need;
-  };
-  if (reqs > cfg_.max_inflight_requests || (toks > cfg_.max_inflight_tokens && reqs > 1)) {
-    release();
-    return send_error(ch, ApiError{429, "server is at capacity (" + std::to_string(reqs - 1) + " requests, " +
-                                            std::to_string(toks - need) + " tokens in flight); retry later",
-                                   "rate_limit_error", "", "rate_limit_exceeded"},
-                      {{"Retry-After", "1"}});
-  }
+  if (!admit(ch, need)) return;
+  auto release = [this, need] { unadmit(need); };
   auto h = engine_.embed(std::move(er));
   if (!h.ok()) {
     release();
@@ -1096,18 +1085,8 @@ void OpenAiServer::save_session(const http::HttpRequest& req, const std::shared_
   ss.tokens = r.prompts[0];
   ss.created = unix_now();
   const int64_t need = (int64_t)ss.tokens.size() + 1;
-  const size_t reqs = ++inflight_requests_;
-  const int64_t toks = (inflight_tokens_ += need);
-  auto release = [this, need] {
-    --inflight_requests_;
-    inflight_tokens_ -= need;
-  };
-  if (reqs > cfg_.max_inflight_requests || (toks > cfg_.max_inflight_tokens && reqs > 1)) {
-    release();
-    return send_error(ch, ApiError{429, "server is at capacity; retry later", "rate_limit_error", "",
-                                   "rate_limit_exceeded"},
-                      {{"Retry-After", "1"}});
-  }
+  if (!admit(ch, need)) return;
+  auto release = [this, need] { unadmit(need); };
   Request er;
   er.prompt = ss.tokens;
   er.params.temperature = 0;
@@ -1161,6 +1140,23 @@ void OpenAiServer::save_session(const http::HttpRequest& req, const std::shared_
   };
   stream->set_notify(on_event);
   on_event();  // events queued before the notify was set
+}
+
+bool OpenAiServer::admit(const std::shared_ptr<http::ResponseChannel>& ch, int64_t need) {
+  const size_t reqs = ++inflight_requests_;
+  const int64_t toks = (inflight_tokens_ += need);
+  if (reqs <= cfg_.max_inflight_requests && (toks <= cfg_.max_inflight_tokens || reqs == 1)) return true;
+  unadmit(need);
+  send_error(ch, ApiError{429, "server is at capacity (" + std::to_string(reqs - 1) + " requests, " +
+                                   std::to_string(toks - need) + " tokens in flight); retry later",
+                          "rate_limit_error", "", "rate_limit_exceeded"},
+             {{"Retry-After", "1"}});
+  return false;
+}
+
+void OpenAiServer::unadmit(int64_t need) {
+  --inflight_requests_;
+  inflight_tokens_ -= need;
 }
 
 void OpenAiServer::handle_tokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch) {
@@ -1309,7 +1305,9 @@ void OpenAiServer::handle_engine_state(const std::shared_ptr<http::ResponseChann
                         {"evictions", s.kv_tiers.disk_evictions},
                         {"corrupt", s.kv_tiers.disk_corrupt},
                         {"foreign", s.kv_tiers.disk_foreign},
-                        {"recovered", s.kv_tiers.disk_recovered}}},
+                        {"recovered", s.kv_tiers.disk_recovered},
+                        {"pinned", s.kv_tiers.disk_pinned},
+                        {"prefetches", s.kv_tiers.disk_prefetches}}},
               {"promotions", s.kv_tiers.loads},
               {"promotion_seconds", s.kv_tiers.load_seconds},
               {"load_failures", s.tier_load_failures}}},

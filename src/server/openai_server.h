@@ -124,6 +124,11 @@ class OpenAiServer {
   void handle_session(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   void save_session(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch,
                     const std::string& id);
+  // Admission of embedding and session work: one request and `need` tokens
+  // against the in-flight bounds; false after sending the 429. unadmit()
+  // gives them back when the work is done.
+  bool admit(const std::shared_ptr<http::ResponseChannel>& ch, int64_t need);
+  void unadmit(int64_t need);
   void send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError& e, http::Headers extra = {});
   void send_json(const std::shared_ptr<http::ResponseChannel>& ch, int status, const std::string& body);
   bool authorized(const http::HttpRequest& req) const { return key_index(req) >= 0; }

@@ -22,7 +22,7 @@ import threading
 import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-from harness import Config, Server, Suite, check, eq, metric, post, run_threads  # noqa: E402
+from harness import Config, Server, Suite, check, eq, get, metric, post, run_threads  # noqa: E402
 
 suite = Suite("server_kv_tiers")
 BLOCK_BYTES = 20480  # stories260K, f32 KV: 5 layers x K,V x 16 tokens x 32 x 4 bytes
@@ -115,6 +115,8 @@ def restart_hits_the_disk_tier_on_its_first_request(_):
             eq(complete(srv.port, ps[3]), REFERENCE[3], "first request after the restart")
             eq(tier_metric(srv.port, "serval_kv_tier_hits_total", "disk"), 12, "disk hits of the first request")
             eq(metric(srv.port, "serval_kv_tier_hit_tokens_total"), 192, "its prompt tokens served from disk")
+            st = get(srv.port, "/v1/engine/state").json()["kv_tiers"]["disk"]
+            eq(st["prefetches"], 12, "the request's disk blocks were read ahead when it arrived")
         # Another KV type on the same directory: every file is foreign.
         with Server(*[a if a != "f32" else "f16" for a in args], name="tiers-f16") as srv:
             check(metric(srv.port, "serval_kv_tier_disk_foreign_files") >= 12, "f32 files are foreign to an f16 KV")
