@@ -165,8 +165,13 @@ void Engine::prefix_op(PrefixOp op, std::vector<TokenId> tokens, uint64_t tenant
     if (t < 0 || t >= im->tok.n_vocab()) return done(invalid_argument("token id " + std::to_string(t) + " out of range"));
   auto fn = [im, op, tokens = std::move(tokens), tenant_salt, done] {
     const PrefixKey key{tenant_salt, 0};
-    if (op == PrefixOp::restore) return done(im->kv->restore_prefix(tokens, key));
+    if (op == PrefixOp::restore) {
+      const int64_t n = im->kv->restore_prefix(tokens, key);
+      im->publish_stats();  // stats() already show it when the caller hears back
+      return done(n);
+    }
     const int64_t n = im->kv->pin_prefix(tokens, key, op == PrefixOp::pin);
+    im->publish_stats();
     if (n < 0)
       return done(Status(StatusCode::resource_exhausted,
                          "the disk tier's budget is full of saved prefixes (--kv-cache-disk); delete some"));

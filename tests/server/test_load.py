@@ -255,7 +255,7 @@ def sigterm_drains_queued_requests(_):
     are not dropped either; every accepted request runs to its end."""
     srv = Server("--max-seqs", "2", "--drain-timeout", "120", name="sigterm-queue")
     with srv:
-        n, gen = 8, 150
+        n, gen = 8, 400  # long enough that all 8 are in flight, 6 queued, even on a loaded CI machine
         body = {"prompt": "Once upon a time", "max_tokens": gen, "temperature": 0, "ignore_eos": True}
         results = [None] * n
         threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(srv.port, C, dict(body, seed=i),
