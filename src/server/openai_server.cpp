@@ -1107,7 +1107,11 @@ void OpenAiServer::save_session(const http::HttpRequest& req, const std::shared_
     bool fired = false;
   };
   auto prog = std::make_shared<Progress>();
-  auto on_event = [this, life = life_, ch, stream, prog, ss, release]() mutable {
+  // The stream holds this callback: a weak reference avoids a cycle (the
+  // engine keeps the stream alive while it can still notify).
+  auto on_event = [this, life = life_, ch, weak = std::weak_ptr<RequestStream>(stream), prog, ss, release]() mutable {
+    const std::shared_ptr<RequestStream> stream = weak.lock();
+    if (!stream) return;
     std::lock_guard<std::mutex> plk(prog->mu);
     OutputEvent ev;
     while (stream->next_for(&ev, 0))
