@@ -27,13 +27,16 @@ import http.client
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+from serve_util import start_serve  # noqa: E402
 
 
 def request(port, method, path, body=None, headers=None, timeout=600):
@@ -85,18 +88,7 @@ def rand_prompt(rng, n, vocab):
 def start_server(a, batch_dir):
     cmd = [a.serval, "serve", "-m", a.model, "--port", "0", "-t", str(a.threads), "--kv-memory", a.kv_memory,
            "--batch-dir", batch_dir, "--batch-concurrency", str(a.concurrency)]
-    log = tempfile.NamedTemporaryFile(prefix="batch-bench-", suffix=".log", delete=False)
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        text = open(log.name, errors="replace").read()
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
-        if m:
-            return p, int(m.group(1)), log.name
-        if p.poll() is not None:
-            raise RuntimeError(f"server exited: {text[-2000:]}")
-        time.sleep(0.1)
-    raise RuntimeError("server did not start")
+    return start_serve(cmd, "batch-bench-", timeout=120)
 
 
 def upload(port, content):

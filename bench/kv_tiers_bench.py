@@ -29,7 +29,6 @@ import http.client
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import statistics
@@ -38,6 +37,10 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+from serve_util import start_serve  # noqa: E402
 
 
 def ttft(port, prompt_ids, gen_len):
@@ -77,18 +80,7 @@ def get_json(port, path):
 def start_server(a, extra):
     cmd = [a.serval, "serve", "-m", a.model, "--port", "0", "-t", str(a.threads), "--no-batch", "-c", str(a.ctx),
            "--kv-memory", str(a.pool_bytes), "--max-seqs", str(max(4, a.concurrency)), *extra]
-    log = tempfile.NamedTemporaryFile(prefix="kv-tiers-bench-", suffix=".log", delete=False)
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        text = open(log.name, errors="replace").read()
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
-        if m:
-            return p, int(m.group(1)), log.name
-        if p.poll() is not None:
-            raise RuntimeError(f"server exited: {text[-2000:]}")
-        time.sleep(0.1)
-    raise RuntimeError("server did not start")
+    return start_serve(cmd, "kv-tiers-bench-", timeout=300)
 
 
 def stop_server(p, log):
