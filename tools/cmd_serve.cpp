@@ -20,6 +20,7 @@
 #include "server/batch_api.h"
 #include "server/batch_runner.h"
 #include "server/batch_store.h"
+#include "server/webui.h"
 #include "server/http_server.h"
 #include "server/openai_server.h"
 #include "tokenizer/tokenizer.h"
@@ -114,6 +115,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_flag("--engine-control", engine_control,
                "enable POST /v1/engine/pause, /resume and /step (API key required when keys are set): hold the "
                "engine between steps for deterministic tests or while an operator inspects a replica");
+  bool no_webui = false;
+  app.add_flag("--no-webui", no_webui, "turn off the browser UI (chat and dashboard) at GET /");
   app.add_flag("--shared-prefix-cache", shared_prefix_cache,
                "one prefix cache for all API keys (default: one per key, so tenants cannot see each other's prompts)");
   app.add_option("--max-body-bytes", max_body, "largest request body (413 past it)")->check(CLI::Range((size_t)1024, (size_t)1 << 30));
@@ -193,6 +196,7 @@ int cmd_serve(int argc, char** argv) {
   scfg.max_sessions = max_sessions;
   scfg.shared_prefix_cache = shared_prefix_cache;
   scfg.engine_control = engine_control;
+  scfg.webui = !no_webui;
   scfg.model_name = served_name;
   for (const std::string& a : aliases)
     if (a.empty() || a.size() > 256 || std::any_of(a.begin(), a.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
@@ -384,6 +388,8 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "serval serve: listening on http://%s:%u  model '%s' (%s, context %lld, %d compute threads)\n",
                host.c_str(), (unsigned)hs->port(), api_raw->model_name().c_str(), info.architecture.c_str(),
                (long long)info.max_model_len, threads > 0 ? threads : ThreadPool::default_threads());
+  if (!no_webui && server::webui_built())
+    std::fprintf(stderr, "serval serve: web UI (chat, dashboard) at http://%s:%u/\n", host.c_str(), (unsigned)hs->port());
   std::fflush(stderr);
   hs->run();
   // Batch lines still running are cancelled, not committed: they run again on restart.

@@ -133,6 +133,11 @@ class Observability {
   void set_engine_busy_s(double s) { engine_busy_s_.store(s); }
 
   const ObservabilityConfig& config() const { return cfg_; }
+  // The model's latency histograms by short name (ttft, itl, e2e, queue), for
+  // the JSON the dashboard polls (/v1/engine/state); they live as long as this.
+  std::vector<std::pair<const char*, const metrics::Histogram*>> latency_histograms() const {
+    return {{"ttft", ttft_}, {"itl", itl_}, {"e2e", e2e_}, {"queue", queue_}};
+  }
   int64_t unix_ns(int64_t steady_ns) const { return steady_ns + steady_to_unix_ns_; }
   bool tracing() const { return exporter_ != nullptr; }
 

@@ -5,6 +5,9 @@
 #include "server/embeddings_api.h"
 #include "server/output_parser.h"
 #include "server/responses_api.h"
+#include "server/webui.h"
+#include "common/thread_pool.h"
+#include "kernels/matmul.h"
 
 #include <chrono>
 #include <cmath>
@@ -605,6 +608,9 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
   const bool anthropic = path == "/v1/messages" || path == "/v1/messages/count_tokens";
   std::shared_ptr<http::ResponseChannel> ch =
       anthropic ? std::make_shared<ErrorShapeChannel>(plain, &anthropic_error_body) : plain;
+  // The page and its files load without a key (the page asks for one); the
+  // API calls it makes are checked like any other.
+  if (is_webui_path(path)) return serve_webui(req, *ch, cfg_.webui);
   if (path == "/health") {
     if (req.method != "GET") return method_not_allowed(ch, "GET");
     return send_json(ch, 200, R"({"status":"ok"})");
@@ -1322,6 +1328,35 @@ void OpenAiServer::handle_engine_state(const std::shared_ptr<http::ResponseChann
               {"generated_tokens", s.generated_tokens},
               {"preemptions", s.preemptions}}},
             {"draining", draining_.load()}};
+  // Latency histograms as cumulative bucket counts: the dashboard takes
+  // percentiles over a sliding window from the differences between polls.
+  json latency = json::object();
+  for (const auto& [name, h] : obs_->latency_histograms()) {
+    const metrics::Histogram::Snapshot snap = h->snapshot();
+    latency[name] = {{"bounds", h->bounds()}, {"cumulative", snap.cumulative}, {"sum", snap.sum}};
+  }
+  j["latency"] = std::move(latency);
+  const EngineConfig& ec = engine_.config();
+  const EngineInfo info = engine_.info();
+  j["config"] = {{"architecture", info.architecture},
+                 {"context", info.max_model_len},
+                 {"threads", ec.n_threads > 0 ? ec.n_threads : ThreadPool::default_threads()},
+                 {"max_seqs", ec.max_seqs},
+                 {"max_batch_tokens", ec.max_batch_tokens},
+                 {"chunked_prefill", ec.enable_chunked_prefill},
+                 {"kv_memory_bytes", ec.kv_memory_bytes},
+                 {"kv_type", kv_type_name(ec.kv_type)},
+                 {"block_size", ec.block_size},
+                 {"prefix_caching", ec.enable_prefix_caching},
+                 {"kv_cache_ram_bytes", ec.kv_cache_ram_bytes},
+                 {"kv_cache_dir", ec.kv_cache_dir},
+                 {"speculative", ec.spec.mode == SpecConfig::Mode::none        ? "off"
+                                 : ec.spec.mode == SpecConfig::Mode::ngram ? "ngram"
+                                                                           : "draft model"}};
+  j["build"] = {{"version", SERVAL_VERSION_STRING},
+                {"compiler", __VERSION__},
+                {"kernels", kernels::active_isa_name()},
+                {"uptime_s", std::chrono::duration<double>(clock_type::now() - started_).count()}};
   send_json(ch, 200, dump(j));
 }
 

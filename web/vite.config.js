@@ -1,0 +1,14 @@
+// The UI is built into a folder the C++ build names (--outDir) and embedded in
+// the serval binary (scripts/embed.mjs); nothing is loaded from another origin.
+import { defineConfig } from 'vite';
+
+export default defineConfig({
+  base: '/',
+  build: {
+    target: 'es2022',
+    assetsInlineLimit: 0,      // no data: URLs for assets: every file is served by serval
+    modulePreload: { polyfill: false },  // the polyfill is an inline script, which the CSP forbids
+    reportCompressedSize: false,
+    chunkSizeWarningLimit: 800,
+  },
+});
