@@ -15,6 +15,13 @@ PKGS=(
   qemu-user                                      # tests/dispatch: the binary on CPUs without AVX-512 / AVX2
   clang-14 libclang-rt-14-dev libfuzzer-14-dev   # scripts/fuzz.sh (libFuzzer + ASan/UBSan runtimes)
 )
+# The test suite also drives the web UI in a real browser (tests/webui):
+# scripts/test.sh sets SERVAL_TEST_DEPS=1. npm comes with Node.js (a separate
+# Debian package only where Node.js is Debian's own).
+if [ "${SERVAL_TEST_DEPS:-0}" = 1 ]; then
+  PKGS+=(chromium)
+fi
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -17,6 +17,7 @@ if [ ! -d ../shared/models ]; then
   exit 2
 fi
 export SERVAL_WERROR="${SERVAL_WERROR:-ON}"  # a warning fails the build (build.sh, test-sanitize.sh)
+export SERVAL_TEST_DEPS=1                     # install-deps.sh adds what only the tests need (Chromium)
 start=$SECONDS
 for stage in ${SERVAL_TEST_STAGES:-release sanitize fuzz}; do
   echo "== test.sh: $stage ($(date -u +%H:%M:%S))"
