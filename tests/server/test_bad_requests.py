@@ -308,7 +308,9 @@ def route_cases():
              code="model_not_found"),
         Case("unknown route GET /v1/nope", "/v1/nope", None, status=404, method="GET"),
         Case("unknown route POST /v1/engines/x/completions", "/v1/engines/x/completions", p, status=404),
-        Case("unknown route GET /", "/", None, status=404, method="GET"),
+        # (GET / is the browser UI: tests/server/test_webui.py)
+        Case("unknown route GET /index.htm", "/index.htm", None, status=404, method="GET"),
+        Case("unknown route GET /assets", "/assets", None, status=404, method="GET"),
         Case("engine control is off without --engine-control", "/v1/engine/pause", {}, status=404),
         Case("unknown route /v1/completions/extra", "/v1/completions/extra", p, status=404),
     ]
