@@ -115,6 +115,11 @@ int cmd_serve(int argc, char** argv) {
   app.add_flag("--engine-control", engine_control,
                "enable POST /v1/engine/pause, /resume and /step (API key required when keys are set): hold the "
                "engine between steps for deterministic tests or while an operator inspects a replica");
+  std::string metrics_compat;
+  app.add_option("--metrics-compat", metrics_compat,
+                 "also expose /metrics under another engine's names for routers that read them: vllm (the Gateway "
+                 "API Inference Extension's endpoint picker, llm-d)")
+      ->check(CLI::IsMember({"vllm"}));
   bool no_webui = false;
   app.add_flag("--no-webui", no_webui, "turn off the browser UI (chat and dashboard) at GET /");
   app.add_flag("--shared-prefix-cache", shared_prefix_cache,
@@ -197,6 +202,7 @@ int cmd_serve(int argc, char** argv) {
   scfg.shared_prefix_cache = shared_prefix_cache;
   scfg.engine_control = engine_control;
   scfg.webui = !no_webui;
+  scfg.metrics_vllm_names = metrics_compat == "vllm";
   scfg.model_name = served_name;
   for (const std::string& a : aliases)
     if (a.empty() || a.size() > 256 || std::any_of(a.begin(), a.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))

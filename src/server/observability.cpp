@@ -361,6 +361,32 @@ void Observability::access_log(const RequestObservation& r, int status, bool cli
   std::fflush(cfg_.log_out);
 }
 
+void Observability::write_vllm_aliases(mt::ExpositionWriter& w, const EngineStats& s, int32_t block_size) const {
+  using T = mt::Type;
+  const std::string m = mt::render_labels({{"model_name", cfg_.model_name}});
+  auto one = [&](const char* name, const char* help, double v) {
+    w.header(name, help, T::gauge);
+    w.sample(name, m, v);
+  };
+  const double usage = s.kv_blocks_total ? (double)s.kv_blocks_used / s.kv_blocks_total : 0.0;
+  one("vllm:num_requests_running", "Requests in the running batch (serval_requests_running).", (double)s.running);
+  one("vllm:num_requests_waiting", "Requests waiting to be scheduled (serval_requests_waiting).", (double)s.waiting);
+  one("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full (serval_kv_usage_ratio).", usage);
+  one("vllm:gpu_cache_usage_perc", "KV-cache usage, 1 = full (serval_kv_usage_ratio; vLLM's older name).", usage);
+  w.header("vllm:cache_config_info", "KV-cache configuration (labels).", T::gauge);
+  w.sample("vllm:cache_config_info",
+           mt::render_labels({{"block_size", std::to_string(block_size)},
+                              {"num_gpu_blocks", std::to_string(s.kv_blocks_total)},
+                              {"model_name", cfg_.model_name}}),
+           1.0);
+  // No LoRA adapters are served yet: empty lists, max_lora 0. The value is the
+  // scrape time, as vLLM's (routers take the newest sample).
+  w.header("vllm:lora_requests_info", "LoRA adapters running and waiting (labels).", T::gauge);
+  w.sample("vllm:lora_requests_info",
+           mt::render_labels({{"max_lora", "0"}, {"running_lora_adapters", ""}, {"waiting_lora_adapters", ""}}),
+           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
 void Observability::write_metrics(mt::ExpositionWriter& w, const EngineStats& s, size_t in_flight) const {
   const std::string m = mt::render_labels(model_);
   auto one = [&](const char* name, mt::Type type, const char* help, double v) {

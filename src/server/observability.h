@@ -129,6 +129,10 @@ class Observability {
 
   // Appends every metric to w. in_flight: generation requests accepted and not finished.
   void write_metrics(metrics::ExpositionWriter& w, const EngineStats& s, size_t in_flight) const;
+  // vLLM's names for the signals routers read (Gateway API Inference
+  // Extension's model-server protocol; `serve --metrics-compat vllm`): queue,
+  // running, KV use, cache config, LoRA info. Same stats as serval's names.
+  void write_vllm_aliases(metrics::ExpositionWriter& w, const EngineStats& s, int32_t block_size) const;
   // Engine busy seconds, for the RAPL power estimate (updated from stats at scrape and per request).
   void set_engine_busy_s(double s) { engine_busy_s_.store(s); }
 

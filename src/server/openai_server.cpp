@@ -1217,6 +1217,7 @@ std::string OpenAiServer::metrics_text() const {
   obs_->set_engine_busy_s(s.step_seconds);
   metrics::ExpositionWriter w;
   obs_->write_metrics(w, s, inflight_requests_.load());
+  if (cfg_.metrics_vllm_names) obs_->write_vllm_aliases(w, s, engine_.config().block_size);
   return w.take();
 }
 

@@ -37,6 +37,7 @@ struct ServerConfig {
   bool shared_prefix_cache = false;          // false: prefix cache salted per API key (tenant isolation)
   bool engine_control = false;               // POST /v1/engine/{pause,resume,step} (--engine-control); off: 404
   bool webui = true;                         // the browser UI at GET / (--no-webui: 404)
+  bool metrics_vllm_names = false;           // /metrics also under vLLM's names (--metrics-compat vllm)
   std::string model_name;                    // id served under /v1/models; empty: from the model
   std::vector<std::string> model_aliases;    // more ids accepted in "model" (--alias; the file's name); the
                                              // first `listed_aliases` are listed under /v1/models too

@@ -339,6 +339,57 @@ def engine_state_counts_running_requests(ctx):
 
 
 @suite.test
+def vllm_metric_names_for_routers(ctx):
+    # `--metrics-compat vllm`: the Gateway API Inference Extension's signals
+    # under vLLM's names, equal to serval's own at the same scrape, read while
+    # three requests are in the engine (paused, then one step: prefilled,
+    # running). The default server has none of them (promtool lints colons).
+    base = parse_metrics(scrape(ctx.port))[0]
+    check(not any(n.startswith("vllm:") for n in base), "no vllm: names without the flag")
+    with Server("--metrics-compat", "vllm", "--engine-control", name="obs-vllm") as srv:
+        eq(post(srv.port, "/v1/engine/pause", {}).status, 200, "pause")
+        body = {"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(post(srv.port, "/v1/completions", body)))
+                   for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            def in_engine():
+                post(srv.port, "/v1/engine/step", {"steps": 1})
+                s = get(srv.port, "/v1/engine/state").json()["requests"]
+                return s["running"] + s["waiting"] == 3
+            wait_until(in_engine, 30)
+            m, _, types = parse_metrics(get(srv.port, "/metrics").body.decode())
+        finally:
+            post(srv.port, "/v1/engine/resume", {})
+            for t in threads:
+                t.join(60)
+        eq([r.status for r in results], [200] * 3, "the requests complete")
+
+        def one(name):
+            check(name in m, f"{name} missing")
+            eq(len(m[name]), 1, f"one sample of {name}")
+            return m[name][0]
+        for alias, own in (("vllm:num_requests_running", "serval_requests_running"),
+                           ("vllm:num_requests_waiting", "serval_requests_waiting"),
+                           ("vllm:kv_cache_usage_perc", "serval_kv_usage_ratio"),
+                           ("vllm:gpu_cache_usage_perc", "serval_kv_usage_ratio")):
+            labels, v = one(alias)
+            eq(v, one(own)[1], f"{alias} = {own}")
+            eq(labels, {"model_name": "llama"}, f"{alias} labels")
+            eq(types[alias], "gauge", f"{alias} type")
+        eq(one("vllm:num_requests_running")[1] + one("vllm:num_requests_waiting")[1], 3.0, "three requests in the engine")
+        check(0 < one("vllm:kv_cache_usage_perc")[1] < 1, "KV in use")
+        labels, v = one("vllm:cache_config_info")
+        eq((labels["block_size"], float(labels["num_gpu_blocks"]), v), ("16", one("serval_kv_blocks_capacity")[1], 1.0),
+           "cache_config_info")
+        labels, v = one("vllm:lora_requests_info")
+        eq(labels, {"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}, "no LoRA served")
+        check(abs(v - time.time()) < 60, f"lora_requests_info value is the scrape time: {v}")
+
+
+@suite.test
 def engine_control_routes(ctx):
     # API key required; step only while paused; steps bounded; GET refused.
     check_error_body(post(ctx.port, "/v1/engine/pause", {}), 401, "pause without a key")
