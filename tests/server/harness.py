@@ -17,6 +17,7 @@ Command line of every test file:
 import argparse
 import atexit
 import contextlib
+import hashlib
 import http.client
 import json
 import os
@@ -427,6 +428,32 @@ def teacher_forced(port, cases, gap=0.01):
                 gap_steps += 1
                 gap_agree += ch["finish_reason"] == "stop"
     return total / max(n, 1), worst, n, gap_steps, gap_agree
+
+
+def npm_ci(src_dir, files, work):
+    """Copies files (package.json and package-lock.json among them) from src_dir
+    into work and runs `npm ci` there: dependencies go to a build folder, never
+    the source tree. Skipped when that lock file is installed there for this
+    Node.js already. Returns the seconds npm ci took (0 when skipped); raises
+    AssertionError when node/npm are missing or npm ci fails."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    check(node and npm, "node and npm are needed (Debian: apt-get install nodejs npm)")
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+    os.makedirs(work, exist_ok=True)
+    for f in files:
+        shutil.copyfile(os.path.join(src_dir, f), os.path.join(work, f))
+    with open(os.path.join(src_dir, "package-lock.json"), "rb") as f:
+        stamp = hashlib.sha256(f.read() + version.encode()).hexdigest()
+    stamp_path = os.path.join(work, "node_modules", ".serval-stamp")
+    if os.path.exists(stamp_path) and open(stamp_path).read() == stamp:
+        return 0.0
+    t0 = time.monotonic()
+    p = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=work, capture_output=True,
+                       text=True, timeout=600)
+    check(p.returncode == 0, f"`npm ci` failed with status {p.returncode} in {work}:\n{p.stdout[-4000:]}{p.stderr[-4000:]}")
+    with open(stamp_path, "w") as f:
+        f.write(stamp)
+    return time.monotonic() - t0
 
 
 def wait_until(fn, timeout, interval=0.02):

@@ -14,7 +14,6 @@ failing `npm ci` (registry unreachable, bad lock file) is a failure.
 """
 
 import argparse
-import hashlib
 import os
 import shutil
 import signal
@@ -57,26 +56,14 @@ def main():
     version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
     print(f"== {NAME}: node {version} ({node}), npm {npm}; work dir {a.work}")
 
-    # npm ci into the work folder, unless the same lock file is installed there already.
-    os.makedirs(a.work, exist_ok=True)
-    for f in FILES:
-        shutil.copyfile(os.path.join(NODE_SRC, f), os.path.join(a.work, f))
-    with open(os.path.join(NODE_SRC, "package-lock.json"), "rb") as f:
-        stamp = hashlib.sha256(f.read() + version.encode()).hexdigest()
-    stamp_path = os.path.join(a.work, "node_modules", ".serval-stamp")
-    installed = os.path.exists(stamp_path) and open(stamp_path).read() == stamp
-    if not installed:
-        t0 = time.monotonic()
-        p = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=a.work,
-                           capture_output=True, text=True, timeout=600)
-        if p.returncode != 0:
-            print(p.stdout[-4000:] + p.stderr[-4000:])
-            print(f"FAIL {NAME}: `npm ci` failed with status {p.returncode} in {a.work}")
-            print(f"{NAME}: 0 passed, 1 failed")
-            return 1
-        with open(stamp_path, "w") as f:
-            f.write(stamp)
-        print(f"  npm ci: {time.monotonic() - t0:.1f} s")
+    try:
+        took = harness.npm_ci(NODE_SRC, FILES, a.work)
+    except AssertionError as e:
+        print(f"FAIL {NAME}: {e}")
+        print(f"{NAME}: 0 passed, 1 failed")
+        return 1
+    if took:
+        print(f"  npm ci: {took:.1f} s")
 
     key = "sk-serval-node-test"
     model_id = "stories260K"
