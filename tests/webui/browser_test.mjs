@@ -202,6 +202,23 @@ test('HTML in a user message and in a model answer shows as text and runs nothin
   await page.screenshot({ path: join(OUT, 'chat.png') });
 });
 
+test('Markdown: highlighted code blocks, and no javascript: links', async () => {
+  await page.click('#new-chat');
+  await setField('max_tokens', '64');
+  const answer = 'See [docs](javascript:alert(2)):\n\n```python\nprint(1)\n```\n';
+  await setField('extra', JSON.stringify({ grammar: `root ::= ${JSON.stringify(answer)}` }));
+  await page.type('#prompt', 'Show code');
+  await page.keyboard.press('Enter');
+  await until(async () => (await page.$('#send')) && (await page.$('.msg.assistant pre code')), 'the code block');
+  const code = await page.$eval('.msg.assistant pre code', (e) => ({ text: e.textContent, spans: e.querySelectorAll('span[class^="hljs-"]').length }));
+  assert.equal(code.text.trim(), 'print(1)');
+  assert.ok(code.spans > 0, 'highlighted');
+  const hrefs = await page.$$eval('.msg.assistant .md a', (els) => els.map((a) => a.getAttribute('href') || ''));
+  // marked makes <a href="javascript:..."> of it; the sanitizer drops the href, the link text stays.
+  assert.equal(hrefs.length, 1, 'the link is there');
+  assert.ok(!/javascript:/i.test(hrefs[0]), `no javascript: link (${hrefs})`);
+});
+
 test('reasoning is shown collapsed above the answer', async () => {
   await page.click('#new-chat');
   await setField('max_tokens', '64');
@@ -266,7 +283,7 @@ test('export, then import into a fresh browser profile', async () => {
   await until(() => existsSync(file) && readFileSync(file, 'utf8').endsWith('}'), 'the export download');
   const exported = JSON.parse(readFileSync(file, 'utf8'));
   assert.equal(exported.format, 'serval.conversations');
-  assert.equal(exported.conversations.length, 5);
+  assert.equal(exported.conversations.length, 6);
   const ctx = await browser.createBrowserContext();
   const fresh = await ctx.newPage();
   watch(fresh, BASE);
