@@ -151,6 +151,9 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   const int64_t n = (int64_t)batch.tokens.size();
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hd = c.head_dim;
   if (c.encoder) return invalid_argument("'" + c.arch + "' is an encoder: it embeds (EmbedForward), never decodes");
+  if (c.tp.size > 1 && !collective_)
+    return invalid_argument("a tensor-parallel shard (rank " + std::to_string(c.tp.rank) + " of " +
+                            std::to_string(c.tp.size) + ") needs its all-reduce (set_collective)");
   if (g.kv_dim != kv_dim || g.n_layers != c.n_layers)
     return invalid_argument("KV storage geometry does not match the model");
   if (std::string why = kv_type_check(g.type, hd); !why.empty()) return invalid_argument(why);
@@ -381,6 +384,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     if (!l.bo.empty())
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < dim; ++j) proj_[(size_t)(i * dim + j)] += l.bo[(size_t)j];
+    if (c.tp.size > 1) SERVAL_RETURN_IF_ERROR(collective_->allreduce_sum(proj_.data(), (size_t)(n * dim)));
     if (c.block.post_attn_norm)
       for (int64_t i = 0; i < n; ++i)
         ref::rmsnorm(proj_.data() + i * dim, proj_.data() + i * dim, l.post_attn_norm.data(), dim, c.rms_eps);
@@ -395,6 +399,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       mm(l.w_up, xn_.data(), n, up_.data());
       blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
       mm(l.w_down, hidden_.data(), n, proj_.data());
+      if (c.tp.size > 1) SERVAL_RETURN_IF_ERROR(collective_->allreduce_sum(proj_.data(), (size_t)(n * dim)));
     }
     if (c.block.post_ffn_norm)
       for (int64_t i = 0; i < n; ++i)

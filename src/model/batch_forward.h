@@ -21,6 +21,7 @@
 #include "kv_cache/kv_storage.h"
 #include "model/matmul_observer.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 #include "serval/types.h"
 
 namespace serval {
@@ -67,6 +68,11 @@ class BatchForward {
   // none, the default). The observer must outlive its use.
   void set_observer(const MatmulObserver* obs) { observer_ = obs; }
 
+  // A tensor-parallel shard's all-reduce (model/tensor_parallel.h), called
+  // after the attention output and the FFN down projection of every layer.
+  // Required when the model is a shard; must outlive its use.
+  void set_collective(Collective* c) { collective_ = c; }
+
   // Mixture-of-experts models: tokens routed to each expert since
   // construction, [n_layers * n_expert] (layer-major); empty otherwise.
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
@@ -80,6 +86,7 @@ class BatchForward {
   KvStorage& kv_;
   ThreadPool* pool_;
   const MatmulObserver* observer_ = nullptr;
+  Collective* collective_ = nullptr;
   // scratch, [n_tokens, ...]
   std::vector<float> x_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, hidden_, out_rows_;
   std::vector<float> cs_full_, cs_swa_;  // RoPE cos/sin per token, [n_tokens, rope_dim]

@@ -4,20 +4,22 @@
 
 #include "model/family.h"
 #include "model/tensor_loader.h"
+#include "model/tensor_parallel.h"
 
 namespace serval {
-Expected<std::unique_ptr<Model>> Model::load(const std::string& path) {
+Expected<std::unique_ptr<Model>> Model::load(const std::string& path, TensorParallel tp) {
   auto f = gguf::GgufFile::open(path);
   if (!f.ok()) return f.status();
-  return from_file(std::move(f.value()));
+  return from_file(std::move(f.value()), tp);
 }
 
-Expected<std::unique_ptr<Model>> Model::from_file(gguf::GgufFile file) {
+Expected<std::unique_ptr<Model>> Model::from_file(gguf::GgufFile file, TensorParallel tp) {
   std::unique_ptr<Model> m(new Model(std::move(file)));
   auto cfg = read_model_config(m->file_);
   if (!cfg.ok()) return cfg.status();
   m->config_ = *cfg;
   SERVAL_RETURN_IF_ERROR(m->load_weights());
+  if (tp.size != 1) SERVAL_RETURN_IF_ERROR(shard_model(m->config_, m->weights_, tp));
   const char* pack = std::getenv("SERVAL_PACK_WEIGHTS");
   if (!(pack && std::string(pack) == "0")) m->pack_weights();
   return m;
@@ -30,7 +32,7 @@ void Model::pack_weights() {
     if (!m.data || !kernels::PackedMatrix::packable_data(m.type, m.data, m.rows, m.cols)) return;
     m.packed =
         std::make_shared<const kernels::PackedMatrix>(kernels::PackedMatrix::pack(m.type, m.data, m.rows, m.cols));
-    if (release) file_.release(m.data, row_size(m.type, m.cols) * (size_t)m.rows);
+    if (release && !m.owned) file_.release(m.data, row_size(m.type, m.cols) * (size_t)m.rows);
   };
   ModelWeights& w = weights_;
   pack(w.output, !w.tied_output);  // token_embd is read by row (embedding lookup): stays as stored

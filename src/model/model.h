@@ -25,8 +25,9 @@ class Model {
   // is an error naming it (unless the family declared it harmless: warnings()). Matrices of a packable type
   // (kernels::PackedMatrix::packable) are repacked unless the environment sets
   // SERVAL_PACK_WEIGHTS=0 (for A/B benchmarks).
-  static Expected<std::unique_ptr<Model>> load(const std::string& path);
-  static Expected<std::unique_ptr<Model>> from_file(gguf::GgufFile file);
+  // With tp.size > 1: only rank tp.rank's shard of the weights (model/tensor_parallel.h).
+  static Expected<std::unique_ptr<Model>> load(const std::string& path, TensorParallel tp = {});
+  static Expected<std::unique_ptr<Model>> from_file(gguf::GgufFile file, TensorParallel tp = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }

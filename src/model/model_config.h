@@ -89,6 +89,13 @@ struct EncoderRecipe {
   bool gated = false;    // ffn_gate (SwiGLU, nomic-bert) instead of GELU on ffn_up (bert)
 };
 
+// This process's part of a tensor-parallel split (model/tensor_parallel.h):
+// rank `rank` of `size`; size 1 is the whole model.
+struct TensorParallel {
+  int32_t rank = 0;
+  int32_t size = 1;
+};
+
 struct ModelConfig {
   const Family* family = nullptr;  // never null after read: the family of general.architecture
   std::string arch;                // general.architecture
@@ -133,6 +140,10 @@ struct ModelConfig {
   // Metadata the family does not apply but that does not change its math as
   // llama.cpp runs it (one line each; Model::warnings() carries them).
   std::vector<std::string> warnings;
+
+  // A tensor-parallel shard counts its own heads and FFN columns in n_heads,
+  // n_kv_heads and ffn_dim (model/tensor_parallel.h).
+  TensorParallel tp;
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
