@@ -10,6 +10,7 @@ PKGS=(
   python3 python3-jinja2 python3-jsonschema
   libpcre2-dev
   libsqlite3-dev                                 # batch jobs' state (src/server/batch_store)
+  libopenmpi-dev openmpi-bin                     # --tp: tensor parallelism across processes (src/parallel)
   libboost-dev curl nodejs
   prometheus
   qemu-user                                      # tests/dispatch: the binary on CPUs without AVX-512 / AVX2

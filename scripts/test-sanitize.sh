@@ -31,7 +31,7 @@ export SERVAL_SOAK_SECONDS="${SERVAL_SOAK_SECONDS:-15}"
 # test of speculative sampling (4000 requests: 78 s under ASan; a statistical
 # check, while the same accept/reject code runs here in the other SpecEngine
 # and speculative sampler tests).
-ctest --preset fuzz -j"$(nproc)" -LE network \
+ctest --preset fuzz -j"$(nproc)" -LE 'network|mpi' \
   -E 'MiniFormatsTeacherForcedMatchLlamaCpp|MiniIqFormatsTeacherForcedMatchLlamaCpp|IqFormatsTeacherForcedMatchLlamaCppAtEveryLevel|SpecEngine.SampledDistributionMatchesTarget' "$@" |
   tee build-fuzz/ctest-sanitize.log
 ./scripts/slowest-tests.sh build-fuzz/ctest-sanitize.log

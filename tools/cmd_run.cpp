@@ -14,6 +14,7 @@
 #include "cli_util.h"
 #include "kv_type_flag.h"
 #include "load_model.h"
+#include "tp_flag.h"
 #include "sampling_flags.h"
 #include "spec_flags.h"
 #include "commands.h"
@@ -74,7 +75,10 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--penalty-alpha", penalty_alpha, "contrastive search with --top-k candidates (0: off)");
   SpecFlags spec;
   spec.add_to(app);
+  TpFlag tp;
+  tp.add_to(app);
   if (auto rc = parse(app, argc, argv)) return *rc;
+  if (auto rc = tp.join(cmd)) return *rc;
   if (!grammar_file.empty() && !read_file(grammar_file, grammar))
     return fail(cmd, "cannot read grammar file '" + grammar_file + "'");
   Expected<GrammarPtr> constraint = GrammarPtr();
@@ -86,8 +90,9 @@ int cmd_run(int argc, char** argv) {
   if (!prompt_file.empty() && !read_file(prompt_file, prompt))
     return fail(cmd, "cannot read prompt file '" + prompt_file + "'");
 
-  auto loaded = load_model(cmd, model_path);
+  auto loaded = load_model(cmd, model_path, true, tp.shard());
   if (!loaded) return 2;
+  if (tp.worker()) return tp.run_worker(cmd, *loaded->model, threads);
   const std::shared_ptr<const Model>& shared_model = loaded->model;
   const Model& m = *shared_model;
   const Tokenizer* tok = loaded->tok.get();
@@ -127,6 +132,7 @@ int cmd_run(int argc, char** argv) {
 
   EngineConfig ec;
   ec.n_threads = threads;
+  ec.tp = tp.engine_link();
   ec.max_model_len = n_ctx;
   if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
   auto kvb = parse_kv_memory(kv_memory);
@@ -197,6 +203,7 @@ int cmd_run(int argc, char** argv) {
                (long long)prompt_len, pp, (double)prompt_len / std::max(pp, 1e-9), (long long)n_gen, tg,
                (double)n_tg / std::max(tg, 1e-9), finish_reason_name(reason),
                threads > 0 ? threads : ThreadPool::default_threads());
+  tp.report(cmd, prompt_len + n_gen);
   if (ec.spec.mode != SpecConfig::Mode::none) {
     const EngineStats st = (*engine)->stats();
     std::fprintf(stderr, "speculative: %lld drafts, %lld tokens drafted, %lld accepted (%.1f %%), %.2f accepted per draft\n",

@@ -12,6 +12,7 @@
 #include "cli_util.h"
 #include "kv_type_flag.h"
 #include "load_model.h"
+#include "tp_flag.h"
 #include "spec_flags.h"
 #include "commands.h"
 #include "common/thread_pool.h"
@@ -141,6 +142,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--request-timeout", request_timeout, "per-request deadline in seconds (0: none)")->check(CLI::Range(0.0, 86400.0));
   SpecFlags spec;
   spec.add_to(app);
+  TpFlag tp;
+  tp.add_to(app);
   app.add_option("--drain-timeout", drain_timeout, "seconds to let in-flight requests finish on SIGTERM")->check(CLI::Range(0.0, 86400.0));
   app.add_option("--otlp-endpoint", otlp_endpoint, "export trace spans as OTLP/HTTP JSON to this URL (http://host:4318)");
   app.add_option("--log-format", log_format, "text, or json: one structured access-log line per request on stderr")
@@ -275,12 +278,16 @@ int cmd_serve(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto loaded = load_model(cmd, model_path, /*generation=*/false);
+  // MPI starts threads of its own: after the mask, so signals reach only the signal thread.
+  if (auto rc = tp.join(cmd)) return *rc;
+  auto loaded = load_model(cmd, model_path, /*generation=*/false, tp.shard());
   if (!loaded) return 2;
   const std::shared_ptr<const Model>& m = loaded->model;
   const Tokenizer* tok = loaded->tok.get();
+  if (tp.worker()) return tp.run_worker(cmd, *loaded->model, threads);
   EngineConfig ec;
   ec.n_threads = threads;
+  ec.tp = tp.engine_link();
   ec.kv_memory_bytes = *kvb;
   ec.swap_memory_bytes = swap_bytes;
   ec.kv_cache_ram_bytes = tier_ram_bytes;

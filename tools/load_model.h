@@ -30,8 +30,10 @@ inline std::vector<std::string> model_file_ids(const std::string& path) {
 
 // generation: the subcommand generates (or scores) text, so an encoder
 // (bert, nomic-bert: embeddings only) is refused with a line saying so.
-inline std::optional<LoadedModel> load_model(const std::string& cmd, const std::string& path, bool generation = true) {
-  auto model = Model::load(path);
+// tp: this rank's shard of a tensor-parallel split (tp_flag.h); the whole model by default.
+inline std::optional<LoadedModel> load_model(const std::string& cmd, const std::string& path, bool generation = true,
+                                             TensorParallel tp = {}) {
+  auto model = Model::load(path, tp);
   if (!model.ok()) {
     std::fprintf(stderr, "%s: %s\n", cmd.c_str(), model.status().message().c_str());
     return std::nullopt;

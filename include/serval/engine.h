@@ -31,6 +31,8 @@
 
 namespace serval {
 
+class TensorParallelLink;  // engine/tensor_parallel_link.h
+
 class Model;
 class Tokenizer;
 
@@ -85,6 +87,12 @@ struct EngineConfig {
   // inputs one embed() call may carry.
   Pooling pooling = Pooling::none;
   int32_t max_embed_inputs = 2048;
+  // Tensor parallelism: the model is rank 0's shard (Model::load with a
+  // TensorParallel) and this links it to the other ranks (engine/
+  // tensor_parallel_link.h; parallel/mpi_link.h over MPI). Must outlive the
+  // engine. Not with a draft model, swap space, KV tiers, a sliding-window
+  // pool or pooling.
+  TensorParallelLink* tp = nullptr;
 };
 
 // Parses --kv-memory: bytes with an optional K/M/G/T suffix ("512M", "2G",

@@ -397,6 +397,22 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
   SERVAL_RETURN_IF_ERROR(Scheduler::validate(sc));
   impl->sched = std::make_unique<Scheduler>(sc, impl->kv.get());
   impl->runner = std::make_unique<Runner>(m, *impl->storage, impl->pool.get(), draft, impl->draft_storage.get());
+  if (mc.tp.size > 1) {
+    // Every rank mirrors the pool and each step's copies and batch; what
+    // else moves KV bytes (swaps, tiers, a second pool) is not mirrored yet.
+    const char* why = !cfg.tp                                    ? "it needs the link to the other ranks"
+                      : draft                                     ? "a draft model is not split"
+                      : n_host > 0                                ? "swap space (--swap-memory) is not mirrored"
+                      : cfg.kv_cache_ram_bytes || !cfg.kv_cache_dir.empty() ? "KV tiers are not mirrored"
+                      : swa                                       ? "a sliding-window pool is not mirrored (--swa-full)"
+                      : cfg.pooling != Pooling::none              ? "embeddings need the whole model"
+                                                                  : nullptr;
+    if (why)
+      return invalid_argument("tensor parallelism (rank " + std::to_string(mc.tp.rank) + " of " +
+                              std::to_string(mc.tp.size) + "): " + why);
+    SERVAL_RETURN_IF_ERROR(cfg.tp->send_pool((int32_t)n_blocks, cfg.block_size, cfg.kv_type));
+    impl->runner->set_tensor_parallel(cfg.tp);
+  }
   if (cfg.pooling != Pooling::none && mc.encoder && cfg.pooling != mc.pooling)
     return invalid_argument(std::string("--pooling ") + pooling_name(cfg.pooling) + ": the encoder's pooling is " +
                             pooling_name(mc.pooling) + " (set by the file)");

@@ -15,6 +15,7 @@ Runner::Runner(const Model& model, KvStorage& kv, ThreadPool* pool, const Model*
 }
 
 void Runner::apply_block_moves(const SchedulerOutput& out) {
+  if (link_ && !out.copies.empty() && link_error_.ok()) link_error_ = link_->send_copies(out.copies);
   // Order matters: swap out before the blocks are reused by copies or swap-ins.
   for (KvStorage* kv : {&kv_, draft_kv_}) {
     if (!kv) continue;
@@ -82,6 +83,10 @@ Status Runner::execute(const SchedulerOutput& out, std::span<const std::vector<T
     SERVAL_ASSERT(!s.all_logits || d.empty());
     batch_.seqs.push_back({s.start_pos, n, s.block_table, s.needs_logits || s.all_logits,
                            s.all_logits ? n : 1 + static_cast<int32_t>(d.size()), s.want_hidden, s.swa_block_table});
+  }
+  if (link_) {
+    SERVAL_RETURN_IF_ERROR(link_error_);
+    SERVAL_RETURN_IF_ERROR(link_->send_batch(batch_));
   }
   return forward_.forward(batch_, logits, hidden);
 }

@@ -24,6 +24,7 @@
 
 #include "common/status.h"
 #include "kv_cache/kv_storage.h"
+#include "engine/tensor_parallel_link.h"
 #include "model/batch_forward.h"
 #include "scheduler/scheduler_output.h"
 
@@ -59,6 +60,14 @@ class Runner {
                  std::vector<float>* logits, std::vector<float>* hidden = nullptr);
 
   bool has_draft_model() const { return draft_forward_ != nullptr; }
+
+  // Tensor parallelism (the model is rank 0's shard): every step's block
+  // copies and batch go to the other ranks first, and the forward meets them
+  // in the link's all-reduces. Set once, before the first step.
+  void set_tensor_parallel(TensorParallelLink* link) {
+    link_ = link;
+    forward_.set_collective(link);
+  }
   // Mixture-of-experts models: tokens routed to each expert so far (BatchForward::expert_tokens).
   const std::vector<int64_t>& expert_tokens() const { return forward_.expert_tokens(); }
 
@@ -69,6 +78,8 @@ class Runner {
   std::unique_ptr<BatchForward> draft_forward_;
   Batch batch_;
   std::vector<float> draft_logits_;
+  TensorParallelLink* link_ = nullptr;
+  Status link_error_;  // a failed send of block copies, reported by the next execute()
 };
 
 }  // namespace serval
