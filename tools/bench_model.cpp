@@ -26,6 +26,7 @@
 #include "kv_cache/kv_storage.h"
 #include "kv_type_flag.h"
 #include "load_model.h"
+#include "tp_flag.h"
 #include "model/batch_forward.h"
 #include "model/model.h"
 
@@ -40,9 +41,11 @@ struct Test {
 
 class Runner {
  public:
-  Runner(const Model& m, KvStorage& kv, ThreadPool* pool, int ubatch)
-      : m_(m), fwd_(m, kv, pool), ubatch_(ubatch), rng_(1234) {
+  // link: rank 0 of a tensor-parallel run (--tp): each batch goes to the other ranks first.
+  Runner(const Model& m, KvStorage& kv, ThreadPool* pool, int ubatch, TensorParallelLink* link = nullptr)
+      : m_(m), fwd_(m, kv, pool), ubatch_(ubatch), rng_(1234), link_(link) {
     for (BlockId b = 0; b < kv.n_blocks(); ++b) table_.push_back(b);
+    fwd_.set_collective(link);
   }
 
   // One run of the test; returns seconds.
@@ -56,7 +59,7 @@ class Runner {
         b.tokens.resize((size_t)n);
         for (auto& x : b.tokens) x = tok(rng_);
         b.seqs = {BatchSeq{pos, n, table_, done + n == count}};
-        SERVAL_RETURN_IF_ERROR(fwd_.forward(b, &logits_));
+        SERVAL_RETURN_IF_ERROR(forward(b));
         pos += n;
         done += n;
       }
@@ -68,17 +71,23 @@ class Runner {
     for (int i = 0; i < t.n_gen; ++i) {
       b.tokens = {tok(rng_)};
       b.seqs = {BatchSeq{pos, 1, table_, true}};
-      SERVAL_RETURN_IF_ERROR(fwd_.forward(b, &logits_));
+      SERVAL_RETURN_IF_ERROR(forward(b));
       ++pos;
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:
+  Status forward(const Batch& b) {
+    if (link_) SERVAL_RETURN_IF_ERROR(link_->send_batch(b));
+    return fwd_.forward(b, &logits_);
+  }
+
   const Model& m_;
   BatchForward fwd_;
   int ubatch_;
   std::mt19937 rng_;
+  TensorParallelLink* link_;
   std::vector<BlockId> table_;
   std::vector<float> logits_;
 };
@@ -143,11 +152,15 @@ int cmd_bench_model(int argc, char** argv) {
   app.add_option("-o,--output", format, "md or json")->check(CLI::IsMember({"md", "json"}));
   KvType kv_type = EngineConfig{}.kv_type;
   add_kv_type_option(app, &kv_type);
+  TpFlag tp;
+  tp.add_to(app);
   if (auto rc = parse(app, argc, argv)) return *rc;
   if (n_prompt == 0 && n_gen == 0) return fail(cmd, "nothing to run: -p and -n are both 0");
+  if (auto rc = tp.join(cmd)) return *rc;
 
-  auto loaded = load_model(cmd, model_path);
+  auto loaded = load_model(cmd, model_path, true, tp.shard());
   if (!loaded) return 2;
+  if (tp.worker()) return tp.run_worker(cmd, *loaded->model, threads);
   const Model& m = *loaded->model;
   const ModelConfig& c = m.config();
   const int64_t ctx = (int64_t)n_depth + std::max(n_prompt, n_gen);
@@ -161,14 +174,19 @@ int cmd_bench_model(int argc, char** argv) {
   if (!kv.ok()) return fail(cmd, kv.status().message());
   const int nt = threads > 0 ? threads : ThreadPool::default_threads();
   ThreadPool pool(nt);
-  Runner runner(m, *kv, nt > 1 ? &pool : nullptr, ubatch);
+  if (TensorParallelLink* link = tp.engine_link()) {
+    if (Status st = link->send_pool(kv->n_blocks(), 16, kv_type); !st.ok()) return fail(cmd, st.message(), 1);
+  }
+  Runner runner(m, *kv, nt > 1 ? &pool : nullptr, ubatch, tp.engine_link());
+  // With --tp: this rank's shard, so GB/s and GFLOP/s are per rank.
   const ModelFigures mf = model_figures(m);
 
   std::vector<Test> tests;
   if (n_prompt > 0) tests.push_back({n_prompt, 0, n_depth, {}});
   if (n_gen > 0) tests.push_back({0, n_gen, n_depth, {}});
 
-  const std::string backend = std::string("CPU (") + kernels::active_isa_name() + ")";
+  const std::string backend = std::string("CPU (") + kernels::active_isa_name() + ")" +
+                              (tp.size > 1 ? " tp" + std::to_string(tp.size) : "");
   const std::string model_type = c.arch + " " + mf.type_name;
   nlohmann::json out = nlohmann::json::array();
   if (format == "md") {
@@ -206,6 +224,7 @@ int cmd_bench_model(int argc, char** argv) {
                    {"backends", "CPU"},
                    {"cpu_isa", kernels::active_isa_name()},
                    {"n_threads", nt},
+                   {"n_tp", tp.size},
                    {"n_ubatch", ubatch},
                    {"n_prompt", t.n_prompt},
                    {"n_gen", t.n_gen},

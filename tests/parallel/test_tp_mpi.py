@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tensor parallelism across processes (parallel/mpi_link.h), on loopback:
-`mpirun --oversubscribe -np N serval run|serve --tp N` against one process.
+`mpirun --oversubscribe -np N serval run|serve|bench model --tp N` against one process.
 
 - Greedy output of `serval run` is the same text, byte for byte, split 2 and 4
   ways (stories260K, mini-llama Q4_0, mini-qwen2 Q8_0).
@@ -71,6 +71,17 @@ def greedy_run_is_the_same_text(ctx):
             kv_tp = re.search(r"(\d+) bytes/token", tp.stderr)
             check(kv_one and kv_tp and int(kv_tp.group(1)) * n == int(kv_one.group(1)),
                   f"{name}: KV bytes per token split {n} ways ({kv_one and kv_one.group(0)}, {kv_tp and kv_tp.group(0)})")
+
+
+@suite.test
+def bench_model_runs_split(ctx):
+    p = subprocess.run([*MPIRUN, "-np", "2", Config.serval, "bench", "model", "-m", model("stories260K.gguf"),
+                        "-p", "32", "-n", "16", "-r", "2", "-t", "1", "-o", "json", "--tp", "2"],
+                       capture_output=True, text=True, timeout=120)
+    eq(p.returncode, 0, f"bench model --tp 2 ({p.stderr[-1000:]})")
+    rows = json.loads(p.stdout)
+    eq([(r["n_prompt"], r["n_gen"], r["n_tp"]) for r in rows], [(32, 0, 2), (0, 16, 2)], "tests run split 2 ways")
+    check(all(r["avg_ts"] > 0 and len(r["samples_ts"]) == 2 for r in rows), f"figures: {rows}")
 
 
 class Serve:
