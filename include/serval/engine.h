@@ -244,6 +244,7 @@ struct EngineInfo {
   Pooling pooling = Pooling::none;  // what embed() applies; none: the model does not embed
   int64_t embedding_dim = 0;        // floats per input from embed() (rank: 1); 0 without pooling
   int64_t max_embed_len = 0;        // tokens one embed() input may have
+  std::string kernels;              // the kernel level the forward runs at ("avx2", "avx512vnni", ...)
 };
 
 struct EngineStats {

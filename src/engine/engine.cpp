@@ -580,6 +580,7 @@ EngineInfo Engine::info() const {
   i.kv_bytes_per_token = impl_->storage->geometry().bytes_per_token() +
                          (impl_->draft_storage ? impl_->draft_storage->geometry().bytes_per_token() : 0);
   i.generates = !impl_->model->config().encoder;
+  i.kernels = BatchForward::kernel_level();
   if (impl_->embedder) {
     i.pooling = impl_->embedder->pooling();
     i.embedding_dim = impl_->embedder->out_dim();

@@ -435,4 +435,6 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   return {};
 }
 
+const char* BatchForward::kernel_level() { return kernels::active_isa_name(); }
+
 }  // namespace serval

@@ -73,6 +73,9 @@ class BatchForward {
   // Required when the model is a shard; must outlive its use.
   void set_collective(Collective* c) { collective_ = c; }
 
+  // The kernel level the forward runs at ("ref", "avx2", ..., "avx512vnni").
+  static const char* kernel_level();
+
   // Mixture-of-experts models: tokens routed to each expert since
   // construction, [n_layers * n_expert] (layer-major); empty otherwise.
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }

@@ -7,7 +7,6 @@
 #include "server/responses_api.h"
 #include "server/webui.h"
 #include "common/thread_pool.h"
-#include "kernels/matmul.h"
 
 #include <chrono>
 #include <cmath>
@@ -1356,7 +1355,7 @@ void OpenAiServer::handle_engine_state(const std::shared_ptr<http::ResponseChann
                                                                            : "draft model"}};
   j["build"] = {{"version", SERVAL_VERSION_STRING},
                 {"compiler", __VERSION__},
-                {"kernels", kernels::active_isa_name()},
+                {"kernels", info.kernels},
                 {"uptime_s", std::chrono::duration<double>(clock_type::now() - started_).count()}};
   send_json(ch, 200, dump(j));
 }
