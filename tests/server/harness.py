@@ -430,6 +430,21 @@ def teacher_forced(port, cases, gap=0.01):
     return total / max(n, 1), worst, n, gap_steps, gap_agree
 
 
+def runner_args(ap):
+    """For scripts that run their own servers outside a Suite: adds --serval
+    and --shared to ap, parses, points Config at them, kills the servers on
+    SIGTERM/SIGINT and line-buffers stdout. Returns the parsed arguments."""
+    ap.add_argument("--serval", default=Config.serval)
+    ap.add_argument("--shared", default=Config.shared)
+    a = ap.parse_args()
+    Config.serval = os.path.abspath(a.serval)
+    Config.shared = os.path.abspath(a.shared)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    sys.stdout.reconfigure(line_buffering=True)
+    return a
+
+
 def npm_ci(src_dir, files, work):
     """Copies files (package.json and package-lock.json among them) from src_dir
     into work and runs `npm ci` there: dependencies go to a build folder, never

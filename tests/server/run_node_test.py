@@ -16,7 +16,6 @@ failing `npm ci` (registry unreachable, bad lock file) is a failure.
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,16 +34,9 @@ NAME = "server_openai_node"
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--serval", default=Config.serval)
-    ap.add_argument("--shared", default=Config.shared)
     ap.add_argument("--work", default=os.path.join(harness.REPO, "build", "tests", "server", "node"))
-    a = ap.parse_args()
-    Config.serval = os.path.abspath(a.serval)
-    Config.shared = os.path.abspath(a.shared)
+    a = harness.runner_args(ap)
     a.work = os.path.abspath(a.work)
-    signal.signal(signal.SIGTERM, harness._on_signal)
-    signal.signal(signal.SIGINT, harness._on_signal)
-    sys.stdout.reconfigure(line_buffering=True)
     t_start = time.monotonic()
 
     node, npm = shutil.which("node"), shutil.which("npm")

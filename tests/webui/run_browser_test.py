@@ -15,7 +15,6 @@ scripts/install-deps.sh installs Chromium for the test suite.
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "server"))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import harness  # noqa: E402
-from harness import Config, Server  # noqa: E402
+from harness import Server  # noqa: E402
 
 NAME = "webui_browser"
 WEB = os.path.normpath(os.path.join(HERE, "..", "..", "web"))
@@ -38,16 +37,9 @@ def fail(msg):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--serval", default=Config.serval)
-    ap.add_argument("--shared", default=Config.shared)
     ap.add_argument("--out", default=os.path.join(harness.REPO, "build", "tests", "webui"))
     ap.add_argument("--chromium", default=os.environ.get("SERVAL_CHROMIUM", "/usr/bin/chromium"))
-    a = ap.parse_args()
-    Config.serval = os.path.abspath(a.serval)
-    Config.shared = os.path.abspath(a.shared)
-    signal.signal(signal.SIGTERM, harness._on_signal)
-    signal.signal(signal.SIGINT, harness._on_signal)
-    sys.stdout.reconfigure(line_buffering=True)
+    a = harness.runner_args(ap)
     t_start = time.monotonic()
 
     node = shutil.which("node")
