@@ -10,6 +10,7 @@ PKGS=(
   python3 python3-jinja2 python3-jsonschema
   libpcre2-dev
   libsqlite3-dev                                 # batch jobs' state (src/server/batch_store)
+  libtomlplusplus-dev libssl-dev                 # serval gateway: TOML config, SHA-256 of API keys (src/gateway)
   libopenmpi-dev openmpi-bin                     # --tp: tensor parallelism across processes (src/parallel)
   libboost-dev curl nodejs
   prometheus

@@ -23,6 +23,7 @@ void usage(FILE* f) {
                "  bench      benchmarks (throughput: the engine under load; model: pp/tg like llama-bench; http)\n"
                "  batch      run an OpenAI batch file (JSONL) offline, resumable\n"
                "  plan       capacity planning: profile a model on this machine, predict latency and size replicas\n"
+               "  gateway    one endpoint in front of many replicas: routing, keys, quotas, budgets, retries, fallback\n"
                "\n"
                "Run 'serval <command> --help' for the options of a command.\n");
 }
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return serval::cli::cmd_bench(argc - 1, argv + 1);
   if (cmd == "batch") return serval::cli::cmd_batch(argc - 1, argv + 1);
   if (cmd == "plan") return serval::cli::cmd_plan(argc - 1, argv + 1);
+  if (cmd == "gateway") return serval::cli::cmd_gateway(argc - 1, argv + 1);
   std::fprintf(stderr, "serval: unknown command '%s' (see 'serval --help')\n", cmd.c_str());
   return 2;
 }
