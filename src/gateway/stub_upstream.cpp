@@ -39,6 +39,11 @@ void StubUpstream::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::string StubUpstream::last_traceparent() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return last_traceparent_;
+}
+
 void StubUpstream::wait() {
   if (thread_.joinable()) thread_.join();
 }
@@ -58,6 +63,10 @@ void StubUpstream::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
   if (req.method != "POST" || (req.path != "/v1/completions" && req.path != "/v1/chat/completions" && req.path != "/v1/embeddings"))
     return ch->send(404, "application/json", Gateway::error_body(404, "no route " + req.path));
   b_.requests.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    last_traceparent_ = req.header("traceparent");
+  }
   if (const int d = b_.delay_ms.load(); d > 0) {
     std::thread([this, req = std::move(req), ch, d] {
       std::this_thread::sleep_for(std::chrono::milliseconds(d));

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -38,6 +39,8 @@ class StubUpstream {
   uint16_t port() const;
   std::string url() const;
   StubBehaviour& behaviour() { return b_; }
+  // The traceparent header of the last proxied request ("" when none).
+  std::string last_traceparent() const;
   void stop();
   // Blocks until stop() (for `serval gateway stub`).
   void wait();
@@ -48,6 +51,8 @@ class StubUpstream {
   void answer(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
 
   std::string name_, host_;
+  mutable std::mutex mu_;
+  std::string last_traceparent_;
   StubBehaviour b_;
   std::unique_ptr<http::HttpServer> server_;
   std::thread thread_;
