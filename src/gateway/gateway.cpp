@@ -143,6 +143,33 @@ void read_usage(const json& j, int64_t* prompt, int64_t* completion) {
   if (auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer()) *completion = c->get<int64_t>();
 }
 
+// An SSE event that carries no output yet: a chat delta with only a role (or
+// empty content) and no finish reason. Such events may be held back.
+bool is_preamble(std::string_view data) {
+  if (data.find("\"choices\"") == std::string_view::npos) return false;
+  json j = json::parse(data, nullptr, false);
+  if (!j.is_object() || j.contains("error") || (j.contains("usage") && !j["usage"].is_null())) return false;
+  auto ch = j.find("choices");
+  if (ch == j.end() || !ch->is_array() || ch->empty()) return false;
+  for (const auto& c : *ch) {
+    if (!c.is_object()) return false;
+    if (auto f = c.find("finish_reason"); f != c.end() && !f->is_null()) return false;
+    if (auto t = c.find("text"); t != c.end() && !(t->is_string() && t->get_ref<const std::string&>().empty())) return false;
+    auto d = c.find("delta");
+    if (d == c.end()) {
+      if (c.find("text") == c.end()) return false;
+      continue;
+    }
+    if (!d->is_object()) return false;
+    for (const auto& [k, v] : d->items()) {
+      if (k == "role") continue;
+      if (k == "content" && (v.is_null() || (v.is_string() && v.get_ref<const std::string&>().empty()))) continue;
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string header_value(const HeaderList& h, std::string_view name) {
   for (const auto& [k, v] : h)
     if (k == name) return v;
@@ -215,6 +242,8 @@ struct Gateway::Impl {
                                            "Upstream time to response header, by upstream.", m::latency_buckets()};
   m::Family<m::Counter> upstream_total{"serval_gateway_upstream_requests_total",
                                        "Upstream attempts by upstream and outcome (status code or error kind)."};
+  m::Family<m::Counter> breaker_opened_total{"serval_gateway_breaker_opened_total",
+                                             "Times an upstream's circuit breaker opened (consecutive failures or a failed probe)."};
   m::Family<m::Counter> retries_total{"serval_gateway_retries_total", "Attempts after the first, by model."};
   m::Family<m::Counter> fallbacks_total{"serval_gateway_fallbacks_total", "Moves to a fallback model, by from and to."};
   m::Family<m::Counter> routing_total{"serval_gateway_routing_decisions_total", "Routing decisions by model, policy and reason."};
@@ -300,7 +329,7 @@ struct Gateway::Impl {
 
   std::string metrics_text() {
     m::ExpositionWriter w;
-    for (auto* f : {&requests_total, &upstream_total, &retries_total, &fallbacks_total, &routing_total, &rejected_total,
+    for (auto* f : {&requests_total, &upstream_total, &breaker_opened_total, &retries_total, &fallbacks_total, &routing_total, &rejected_total,
                     &key_spend_total, &key_tokens_total, &stream_errors_total})
       w.family(*f);
     for (auto* f : {&request_seconds, &overhead_seconds, &upstream_seconds, &prefix_match_chars}) w.family(*f);
@@ -518,7 +547,12 @@ struct Gateway::Impl {
     t.first_byte_s = p.route->first_byte_timeout_s;
     t.idle_s = p.route->idle_timeout_s;
 
-    bool committed = false, done = false, stopped_by_client = false;
+    // A stream is committed to the client (its 200 header sent) only at the
+    // first event that carries output: until then a failure is retried
+    // elsewhere and the client never knows. Preamble events (a role-only chat
+    // delta) wait in `pending`.
+    bool committed = false, done = false, stopped_by_client = false, stream_ok = false;
+    std::vector<std::string> pending;
     int status = 0;
     std::string content_type = "application/json", buf;
     SseParser sse;
@@ -530,13 +564,23 @@ struct Gateway::Impl {
       upstream_seconds.with({{"upstream", r.url()}}).observe(since(t0));
       content_type = header_value(h, "content-type");
       if (content_type.empty()) content_type = "application/json";
-      if (st == 200 && c.stream) {
-        committed = true;
-        c.ch->start_stream(200, "text/event-stream", {{"x-request-id", c.id}, {"cache-control", "no-cache"}});
-      }
+      stream_ok = st == 200 && c.stream;
       return true;
     };
+    auto commit = [&] {
+      committed = true;
+      c.ch->start_stream(200, "text/event-stream", {{"x-request-id", c.id}, {"cache-control", "no-cache"}});
+      for (auto& ev : pending) c.ch->write(std::move(ev));
+      pending.clear();
+    };
     auto on_event = [&](std::string_view data) {
+      if (!committed) {
+        if (data != "[DONE]" && is_preamble(data)) {
+          pending.push_back("data: " + std::string(data) + "\n\n");
+          return;
+        }
+        commit();
+      }
       if (data == "[DONE]") {
         done = true;
         c.ch->write("data: [DONE]\n\n");
@@ -579,7 +623,7 @@ struct Gateway::Impl {
         stopped_by_client = true;
         return false;
       }
-      if (committed) return sse.feed(chunk, on_event);
+      if (stream_ok) return sse.feed(chunk, on_event);
       const size_t cap = status == 200 ? kMaxAnswerBody : kMaxErrorBody;
       buf.append(chunk.substr(0, cap - std::min(cap, buf.size())));
       return buf.size() < cap || status != 200;
@@ -607,6 +651,7 @@ struct Gateway::Impl {
         r.prefix().insert(c.hashes);
         a.outcome = Outcome::delivered;
         if (c.stream) {
+          if (!committed) commit();
           if (!done) {
             // A 200 stream that ended without [DONE]: the upstream gave up mid-way.
             stream_error(c, p, "the upstream " + r.url() + " ended the stream without [DONE]");
@@ -629,7 +674,7 @@ struct Gateway::Impl {
       a.error_body = buf;
       a.message = "HTTP " + std::to_string(res.status) + " from " + r.url();
       if (res.status >= 500) {
-        r.on_failure(now);
+        failure(r, now);
         a.outcome = Outcome::retry;
       } else if (res.status == 429 || res.status == 408) {
         r.on_success();  // alive, only busy
@@ -645,7 +690,7 @@ struct Gateway::Impl {
       return a;
     }
     // Connection error, timeout or a body that broke off.
-    r.on_failure(now);
+    failure(r, now);
     a.message = std::string(call_kind_name(res.kind)) + " error: " + res.error;
     if (committed) {
       stream_error(c, p, "the upstream " + r.url() + " failed mid-stream (" + res.error + ")");
@@ -657,6 +702,10 @@ struct Gateway::Impl {
     }
     a.outcome = Outcome::retry;
     return a;
+  }
+
+  void failure(Replica& r, Clock::time_point now) {
+    if (r.on_failure(now)) breaker_opened_total.with({{"upstream", r.url()}}).inc();
   }
 
   void stream_error(Ctx& c, ModelPool& p, const std::string& msg) {
@@ -906,12 +955,14 @@ struct Gateway::Impl {
       for (auto* r : p->ptrs) {
         ts.emplace_back([this, r, route = p->route] {
           const auto now = Clock::now();
+          HeaderList auth;
+          if (!route->api_key.empty()) auth.emplace_back("authorization", "Bearer " + route->api_key);
           if (!route->health_path.empty()) {
-            auto res = simple_get(r->pool(), route->health_path, cfg.health_timeout_s, 4096);
+            auto res = simple_get(r->pool(), route->health_path, cfg.health_timeout_s, 4096, auth);
             r->on_health(res.result.kind == CallResult::Kind::ok && res.result.status == 200, now);
           }
           if (!route->metrics_path.empty() && r->healthy()) {
-            auto res = simple_get(r->pool(), route->metrics_path, cfg.health_timeout_s, 4u << 20);
+            auto res = simple_get(r->pool(), route->metrics_path, cfg.health_timeout_s, 4u << 20, auth);
             if (res.result.kind == CallResult::Kind::ok && res.result.status == 200) {
               const bool s = route->serval;
               const double run = metric_value(res.body, s ? "serval_requests_running" : "vllm:num_requests_running");

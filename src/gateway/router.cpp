@@ -51,19 +51,23 @@ void Replica::on_success() {
   trial_inflight_ = false;
 }
 
-void Replica::on_failure(Clock::time_point now) {
+bool Replica::on_failure(Clock::time_point now) {
   std::lock_guard<std::mutex> lk(mu_);
   ++consecutive_failures_;
+  trial_inflight_ = false;
   if (state_ == BreakerState::half_open || (state_ == BreakerState::open && now >= open_until_)) {
     open_period_s_ = std::min(bc_.max_open_s, open_period_s_ * 2);
     state_ = BreakerState::open;
     open_until_ = now + secs(open_period_s_);
-  } else if (state_ == BreakerState::closed && consecutive_failures_ >= bc_.failures) {
+    return true;
+  }
+  if (state_ == BreakerState::closed && consecutive_failures_ >= bc_.failures) {
     state_ = BreakerState::open;
     open_period_s_ = bc_.open_s;
     open_until_ = now + secs(open_period_s_);
+    return true;
   }
-  trial_inflight_ = false;
+  return false;
 }
 
 void Replica::on_health(bool ok, Clock::time_point now) {

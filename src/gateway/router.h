@@ -50,7 +50,8 @@ class Replica {
   // Claims the right to send: in half-open, the one trial request. False when not allowed.
   bool admit(Clock::time_point now);
   void on_success();
-  void on_failure(Clock::time_point now);
+  // True when this failure opened the breaker (from closed or half-open).
+  bool on_failure(Clock::time_point now);
   // An active health check's outcome. A pass while open past its period is a
   // successful probe: the breaker closes.
   void on_health(bool ok, Clock::time_point now);

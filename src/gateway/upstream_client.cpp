@@ -244,11 +244,13 @@ CallResult call(ConnectionPool& pool, const CallRequest& req, const CallTimeouts
   }
 }
 
-SimpleResponse simple_get(ConnectionPool& pool, const std::string& target, double timeout_s, size_t max_body) {
+SimpleResponse simple_get(ConnectionPool& pool, const std::string& target, double timeout_s, size_t max_body,
+                          const HeaderList& headers) {
   SimpleResponse out;
   CallRequest req;
   req.method = "GET";
   req.target = target;
+  req.headers = headers;
   CallTimeouts t;
   t.deadline = after(timeout_s);
   t.connect_s = timeout_s;

@@ -105,6 +105,7 @@ struct SimpleResponse {
   CallResult result;
   std::string body;
 };
-SimpleResponse simple_get(ConnectionPool& pool, const std::string& target, double timeout_s, size_t max_body = 1u << 20);
+SimpleResponse simple_get(ConnectionPool& pool, const std::string& target, double timeout_s, size_t max_body = 1u << 20,
+                          const HeaderList& headers = {});
 
 }  // namespace serval::gateway

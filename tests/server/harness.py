@@ -500,8 +500,9 @@ def free_port():
 class Server:
     """One `serval serve` process on 127.0.0.1. Use as a context manager."""
 
-    def __init__(self, *args, name="serval", model=None, chat_template=True, threads=1):
+    def __init__(self, *args, name="serval", model=None, chat_template=True, threads=1, port=0):
         self.name = name
+        self.fixed_port = port  # 0: the server picks a free one
         self.args = list(args)
         self.model = model or Config.model()
         self.chat_template = Config.chat_template() if chat_template is True else chat_template
@@ -512,7 +513,7 @@ class Server:
 
     def command(self):
         # Port 0: the server binds a free port itself and logs it (no race with another process).
-        cmd = [Config.serval, "serve", "-m", self.model, "--host", "127.0.0.1", "--port", "0",
+        cmd = [Config.serval, "serve", "-m", self.model, "--host", "127.0.0.1", "--port", str(self.fixed_port),
                "-t", str(self.threads)]
         if "--kv-memory" not in self.args:
             cmd += ["--kv-memory", "64M"]
@@ -617,6 +618,31 @@ class Server:
         if report and exc[0] is None:
             raise AssertionError(f"server '{self.name}': sanitizer report in its log:\n{report}")
         return False
+
+
+class Gateway(Server):
+    """One `serval gateway` process on 127.0.0.1 with the TOML text `config`
+    (its [server] port is overridden with a free one). Use as a context manager."""
+
+    LISTENING = re.compile(r"serval gateway: listening on http://127\.0\.0\.1:(\d+) ")
+
+    def __init__(self, config, *args, name="gateway", port=0):
+        super().__init__(*args, name=name, chat_template=False, port=port)
+        fd, self.config_path = tempfile.mkstemp(prefix="serval-gateway-", suffix=".toml")
+        with os.fdopen(fd, "w") as f:
+            f.write(config)
+
+    def command(self):
+        cmd = [Config.serval, "gateway", "--config", self.config_path, "--host", "127.0.0.1",
+               "--port", str(self.fixed_port)] + self.args
+        if shutil.which("setpriv"):
+            cmd = ["setpriv", "--pdeathsig", "KILL", "--"] + cmd
+        return cmd
+
+    def cleanup_log(self):
+        super().cleanup_log()
+        if os.path.exists(self.config_path):
+            os.unlink(self.config_path)
 
 
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer")

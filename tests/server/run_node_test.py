@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Runs node/openai_sdk_test.mjs, node/anthropic_sdk_test.mjs and
+"""Runs node/openai_sdk_test.mjs, node/anthropic_sdk_test.mjs,
 node/embeddings_sdk_test.mjs (the official OpenAI and Anthropic Node SDKs
-against `serval serve`): installs the SDKs from node/package-lock.json with
+against `serval serve`) and node/gateway_sdk_test.mjs (the OpenAI SDK through
+`serval gateway` in front of those servers): installs the SDKs from node/package-lock.json with
 `npm ci` into a work folder (a build folder: nothing is written to the source
 tree), starts a server with an API key (stories260K, and a synthetic bert
 embedding model written by `serval gguf synth` for the embeddings script) and
@@ -14,6 +15,7 @@ failing `npm ci` (registry unreachable, bad lock file) is a failure.
 """
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -27,7 +29,7 @@ from harness import Config, Server  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_SRC = os.path.join(HERE, "node")
-SCRIPTS = ("openai_sdk_test.mjs", "anthropic_sdk_test.mjs", "embeddings_sdk_test.mjs")
+SCRIPTS = ("openai_sdk_test.mjs", "anthropic_sdk_test.mjs", "embeddings_sdk_test.mjs", "gateway_sdk_test.mjs")
 FILES = ("package.json", "package-lock.json", "runner.mjs") + SCRIPTS
 NAME = "server_openai_node"
 
@@ -68,8 +70,9 @@ def main():
             with Server("--api-key", key, "--served-model-name", model_id, "--batch-dir", batch_dir,
                         name="node") as srv, \
                     Server("--api-key", key, "--served-model-name", "bert-tiny", name="node-embed", model=bert,
-                           chat_template=False) as emb:
-                rc = run_scripts(node, a.work, srv, emb, key, model_id)
+                           chat_template=False) as emb, \
+                    harness.Gateway(gateway_config(srv, emb, key, model_id), name="node-gateway") as gw:
+                rc = run_scripts(node, a.work, srv, emb, gw, key, model_id)
     except AssertionError as e:
         print(f"FAIL {NAME}: {e}")
         print(f"{NAME}: 0 passed, 1 failed")
@@ -78,9 +81,46 @@ def main():
     return 0 if rc == 0 else 1
 
 
-def run_scripts(node, work, srv, emb, key, model_id):
+GATEWAY_KEY = "sk-gateway-sdk-key-0001"
+GATEWAY_ADMIN = "sk-gateway-admin-key-0001"
+
+
+def gateway_config(srv, emb, key, model_id):
+    """`serval gateway` in front of both servers, with a budget-limited virtual
+    key for gateway_sdk_test.mjs (0.001 per completion token, 2.0 a day)."""
+    sha = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
+    return f"""
+[auth]
+admin_key_sha256 = "{sha(GATEWAY_ADMIN)}"
+require_key = true
+[[models]]
+name = "{model_id}"
+upstreams = ["http://127.0.0.1:{srv.port}"]
+api_key = "{key}"
+price_output_per_mtok = 1000
+[[models]]
+name = "restricted"
+upstreams = ["http://127.0.0.1:{srv.port}"]
+upstream_model = "{model_id}"
+api_key = "{key}"
+[[models]]
+name = "bert-tiny"
+upstreams = ["http://127.0.0.1:{emb.port}"]
+api_key = "{key}"
+[[keys]]
+name = "sdk"
+sha256 = "{sha(GATEWAY_KEY)}"
+models = ["{model_id}", "bert-tiny"]
+budget = 2.0
+budget_period = "day"
+"""
+
+
+def run_scripts(node, work, srv, emb, gw, key, model_id):
     """Each script against the servers; 0 when all pass."""
     env = dict(os.environ, SERVAL_BASE_URL=f"http://127.0.0.1:{srv.port}/v1", SERVAL_API_KEY=key,
+               SERVAL_GATEWAY_URL=f"http://127.0.0.1:{gw.port}/v1", SERVAL_GATEWAY_KEY=GATEWAY_KEY,
+               SERVAL_GATEWAY_ADMIN=GATEWAY_ADMIN,
                SERVAL_MODEL_ID=model_id, SERVAL_EMBED_BASE_URL=f"http://127.0.0.1:{emb.port}/v1",
                SERVAL_EMBED_MODEL_ID="bert-tiny",
                SERVAL_GOLDEN=os.path.join(Config.shared, "golden", "stories260K-greedy.json"))
