@@ -89,13 +89,35 @@ class Workers {
   bool stop_ = false;
 };
 
+// A model's replicas. Static pools never change; a DNS-discovered pool is
+// reconciled by the health thread (replicas come and go), so readers take a
+// snapshot: a replica removed while a request uses it lives until that request ends.
 struct ModelPool {
   const ModelRoute* route = nullptr;
-  std::vector<std::unique_ptr<Replica>> replicas;
-  std::vector<Replica*> ptrs;
   std::atomic<uint64_t> rr{0};
+  std::atomic<int> queued{0};  // requests held for want of an available replica
   std::string upstream_model() const { return route->upstream_model.empty() ? route->name : route->upstream_model; }
+
+  std::vector<std::shared_ptr<Replica>> snapshot() const {
+    std::lock_guard<std::mutex> lk(mu);
+    return replicas;
+  }
+  void set(std::vector<std::shared_ptr<Replica>> r) {
+    std::lock_guard<std::mutex> lk(mu);
+    replicas = std::move(r);
+  }
+
+ private:
+  mutable std::mutex mu;
+  std::vector<std::shared_ptr<Replica>> replicas;
 };
+
+std::vector<Replica*> raw(const std::vector<std::shared_ptr<Replica>>& v) {
+  std::vector<Replica*> out;
+  out.reserve(v.size());
+  for (const auto& r : v) out.push_back(r.get());
+  return out;
+}
 
 // The text routing keys on: what the replica's prefix cache will see first.
 std::string prompt_text(const json& body) {
@@ -265,10 +287,10 @@ struct Gateway::Impl {
     for (const auto& route : cfg.models) {
       auto p = std::make_unique<ModelPool>();
       p->route = &route;
-      for (const auto& u : route.upstreams) {
-        p->replicas.push_back(std::make_unique<Replica>(u, cfg.max_tree_chunks, bc));
-        p->ptrs.push_back(p->replicas.back().get());
-      }
+      std::vector<std::shared_ptr<Replica>> rs;
+      if (!route.discover_dns)
+        for (const auto& u : route.upstreams) rs.push_back(std::make_shared<Replica>(u, cfg.max_tree_chunks, bc));
+      p->set(std::move(rs));
       by_name[route.name] = (int)pools.size();
       for (const auto& a : route.aliases) by_name[a] = (int)pools.size();
       pools.push_back(std::move(p));
@@ -313,10 +335,11 @@ struct Gateway::Impl {
     const auto now = Clock::now();
     for (const auto& p : pools) {
       int up = 0;
-      for (auto* r : p->ptrs) up += r->can_admit(now) ? 1 : 0;
+      const auto snap = p->snapshot();
+      for (const auto& r : snap) up += r->can_admit(now) ? 1 : 0;
       auto entry = [&](const std::string& id, const std::string& parent) {
         json e = {{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "serval-gateway"},
-                  {"root", p->upstream_model()}, {"replicas", p->ptrs.size()}, {"replicas_available", up}};
+                  {"root", p->upstream_model()}, {"replicas", snap.size()}, {"replicas_available", up}};
         if (!parent.empty()) e["parent"] = parent;
         if (!p->route->fallback.empty()) e["fallback"] = p->route->fallback;
         data.push_back(std::move(e));
@@ -353,9 +376,14 @@ struct Gateway::Impl {
     for (const auto& g : gauges) {
       w.header(g.name, g.help, m::Type::gauge);
       for (const auto& p : pools)
-        for (auto* r : p->ptrs)
+        for (const auto& r : p->snapshot())
           w.sample(g.name, m::render_labels({{"model", p->route->name}, {"upstream", r->url()}}), g.f(*r));
     }
+    w.header("serval_gateway_requests_queued", "Requests held while no replica of their model is available (scale from zero).",
+             m::Type::gauge);
+    for (const auto& p : pools) w.sample("serval_gateway_requests_queued", m::render_labels({{"model", p->route->name}}), (double)p->queued.load());
+    w.header("serval_gateway_replicas", "Replicas in the model's pool (DNS discovery changes it).", m::Type::gauge);
+    for (const auto& p : pools) w.sample("serval_gateway_replicas", m::render_labels({{"model", p->route->name}}), (double)p->snapshot().size());
     w.header("serval_gateway_uptime_seconds", "Seconds since the gateway started.", m::Type::gauge);
     w.sample("serval_gateway_uptime_seconds", "", since(started));
     return w.take();
@@ -724,7 +752,7 @@ struct Gateway::Impl {
     for (size_t ci = 0; ci < chain.size() && !delivered; ++ci) {
       ModelPool& p = *pools[chain[ci]];
       if (ci > 0) fallbacks_total.with({{"from", pools[chain[ci - 1]]->route->name}, {"to", p.route->name}}).inc();
-      std::vector<int> tried;
+      std::vector<const Replica*> tried;
       for (int att = 0; att < cfg.retry_attempts && !delivered; ++att) {
         if (Clock::now() >= c.deadline) break;
         if (c.ch->disconnected()) {
@@ -733,19 +761,36 @@ struct Gateway::Impl {
           gone.status = 499;
           return finish(c, p, gone, true);
         }
-        const auto now = Clock::now();
-        RouteChoice choice = choose_replica(p.ptrs, tried, c.hashes, routing, p.rr, now);
+        auto now = Clock::now();
+        auto snap = p.snapshot();
+        std::vector<Replica*> ptrs = raw(snap);
+        RouteChoice choice = choose_replica(ptrs, tried, c.hashes, routing, p.rr, now);
+        if (choice.index < 0 && tried.empty() && cfg.queue_timeout_s > 0) {
+          // No replica yet (scaled to zero, all starting, all open): hold the
+          // request, counted in serval_gateway_requests_queued, until one is up.
+          const auto until = std::min(c.deadline, now + std::chrono::duration_cast<Clock::duration>(
+                                                              std::chrono::duration<double>(cfg.queue_timeout_s)));
+          ++p.queued;
+          while (choice.index < 0 && Clock::now() < until && !c.ch->disconnected() && !draining.load()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(25));
+            now = Clock::now();
+            snap = p.snapshot();
+            ptrs = raw(snap);
+            choice = choose_replica(ptrs, tried, c.hashes, routing, p.rr, now);
+          }
+          --p.queued;
+        }
         if (choice.index < 0) {
           last.message = "no available upstream for model '" + p.route->name + "' (all unhealthy or circuit open)";
           last.status = 503;
           last.error_body.clear();
           break;
         }
-        tried.push_back(choice.index);
-        Replica& r = *p.ptrs[choice.index];
+        Replica& r = *ptrs[choice.index];
+        tried.push_back(&r);
         if (!r.admit(now)) {
           --att;  // a half-open trial is taken: try another replica without counting an attempt
-          if (tried.size() > p.ptrs.size() * 2) break;
+          if (tried.size() > ptrs.size() * 2) break;
           continue;
         }
         if (attempts_total++ > 0) retries_total.with({{"model", p.route->name}}).inc();
@@ -910,7 +955,7 @@ struct Gateway::Impl {
       const auto now = Clock::now();
       bool any = false;
       for (const auto& p : pools)
-        for (auto* r : p->ptrs) any = any || r->can_admit(now);
+        for (const auto& r : p->snapshot()) any = any || r->can_admit(now);
       if (draining.load()) return ch->send(503, "application/json", R"({"status":"draining"})");
       return ch->send(any ? 200 : 503, "application/json", any ? R"({"status":"ready"})" : R"({"status":"no upstream available"})");
     }
@@ -949,11 +994,39 @@ struct Gateway::Impl {
     return -1;
   }
 
+  // A DNS-discovered pool follows its names' addresses: new ones join
+  // (unhealthy until their first health check), vanished ones leave.
+  void discover(ModelPool& p) {
+    std::vector<UpstreamUrl> found;
+    for (const auto& u : p.route->upstreams) {
+      auto r = resolve_all(u);
+      if (r) found.insert(found.end(), r->begin(), r->end());
+    }
+    auto old = p.snapshot();
+    std::vector<std::shared_ptr<Replica>> next;
+    const BreakerConfig bc{cfg.breaker_failures, cfg.breaker_open_s, cfg.breaker_max_open_s};
+    for (const auto& u : found) {
+      auto it = std::find_if(old.begin(), old.end(), [&](const auto& r) { return r->url() == u.url; });
+      if (it != old.end()) {
+        next.push_back(*it);
+      } else {
+        auto r = std::make_shared<Replica>(u, cfg.max_tree_chunks, bc);
+        r->on_health(false, Clock::now());
+        next.push_back(std::move(r));
+      }
+    }
+    if (next.size() != old.size() || !std::equal(next.begin(), next.end(), old.begin()))
+      std::fprintf(stderr, "serval gateway: model '%s': %zu replicas from DNS\n", p.route->name.c_str(), next.size());
+    p.set(std::move(next));
+  }
+
   void check_once() {
     std::vector<std::thread> ts;
     for (const auto& p : pools) {
-      for (auto* r : p->ptrs) {
-        ts.emplace_back([this, r, route = p->route] {
+      if (p->route->discover_dns) discover(*p);
+      for (const auto& rp : p->snapshot()) {
+        Replica* r = rp.get();
+        ts.emplace_back([this, r, rp, route = p->route] {
           const auto now = Clock::now();
           HeaderList auth;
           if (!route->api_key.empty()) auth.emplace_back("authorization", "Bearer " + route->api_key);

@@ -118,6 +118,10 @@ void read_model(TableReader& r, ModelRoute* m, const std::string& name) {
     if (!u) r.fail(up->as_array()->get(i), "upstreams[" + std::to_string(i) + "]", u.status().message());
     m->upstreams.push_back(*u);
   }
+  std::string discovery = "static";
+  r.string("discovery", &discovery, 16);
+  if (discovery == "dns") m->discover_dns = true;
+  else if (discovery != "static") r.fail(r.node("discovery"), "discovery", "expected \"static\" or \"dns\", got \"" + discovery + "\"");
   r.number("connect_timeout_s", &m->connect_timeout_s, 0.01, 600);
   r.number("first_byte_timeout_s", &m->first_byte_timeout_s, 0.01, 86400);
   r.number("idle_timeout_s", &m->idle_timeout_s, 0.01, 86400);
@@ -201,6 +205,7 @@ GatewayConfig read_config(const toml::table& root_t, const std::string& file) {
     r.number("balance_rel_threshold", &c.balance_rel_threshold, 1, 1e6);
     r.number("chunk_chars", &c.chunk_chars, 4, 65536);
     r.number("max_tree_chunks", &c.max_tree_chunks, 16, 1e8);
+    r.number("queue_timeout_s", &c.queue_timeout_s, 0, 86400);
   });
   section("health", [&](TableReader& r) {
     r.number("interval_s", &c.health_interval_s, 0.05, 3600);

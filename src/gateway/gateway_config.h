@@ -36,6 +36,10 @@ struct ModelRoute {
   std::string name;                  // what clients send as "model"
   std::vector<std::string> aliases;  // more names for the same route
   std::vector<UpstreamUrl> upstreams;
+  // "dns": each upstream's host name is resolved every health interval and
+  // every address it has is a replica (a Kubernetes headless Service); the
+  // pool follows the addresses as replicas come and go (also from zero).
+  bool discover_dns = false;
   std::string upstream_model;        // "model" sent upstream; empty: name
   std::vector<std::string> fallback; // other routes' names, tried in order when this one fails
   double connect_timeout_s = 2;
@@ -78,6 +82,7 @@ struct GatewayConfig {
   double balance_rel_threshold = 1.5; // ... and ratio above which least-loaded wins regardless
   int chunk_chars = 64;               // prompt characters per prefix-tree node
   size_t max_tree_chunks = 1u << 18;  // per replica (LRU beyond)
+  double queue_timeout_s = 0;         // no replica available: hold the request this long for one (scale from zero)
   // [health]
   double health_interval_s = 1;
   double health_timeout_s = 1;

@@ -91,13 +91,13 @@ void Replica::set_scraped(double running, double waiting, double kv_usage) {
   kv_usage_.store(kv_usage);
 }
 
-RouteChoice choose_replica(const std::vector<Replica*>& replicas, const std::vector<int>& exclude,
+RouteChoice choose_replica(const std::vector<Replica*>& replicas, const std::vector<const Replica*>& exclude,
                            const std::vector<uint64_t>& prompt_hashes, const RoutingConfig& cfg,
                            std::atomic<uint64_t>& rr, Clock::time_point now) {
   RouteChoice out;
   std::vector<int> cand;
   for (int i = 0; i < (int)replicas.size(); ++i)
-    if (replicas[i]->can_admit(now) && std::find(exclude.begin(), exclude.end(), i) == exclude.end()) cand.push_back(i);
+    if (replicas[i]->can_admit(now) && std::find(exclude.begin(), exclude.end(), replicas[i]) == exclude.end()) cand.push_back(i);
   if (cand.empty()) {
     for (int i = 0; i < (int)replicas.size(); ++i)
       if (replicas[i]->can_admit(now)) cand.push_back(i);

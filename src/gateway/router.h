@@ -92,10 +92,10 @@ struct RouteChoice {
   size_t matched_chunks = 0; // prefix chunks the chosen replica already holds
 };
 
-// Picks among `replicas` those routable now and not in `exclude` (indices
+// Picks among `replicas` those routable now and not in `exclude` (replicas
 // already tried by this request); when every routable one was tried, tried ones
 // are allowed again. `rr` is the pool's round-robin counter.
-RouteChoice choose_replica(const std::vector<Replica*>& replicas, const std::vector<int>& exclude,
+RouteChoice choose_replica(const std::vector<Replica*>& replicas, const std::vector<const Replica*>& exclude,
                            const std::vector<uint64_t>& prompt_hashes, const RoutingConfig& cfg,
                            std::atomic<uint64_t>& rr, Clock::time_point now);
 

@@ -244,6 +244,22 @@ CallResult call(ConnectionPool& pool, const CallRequest& req, const CallTimeouts
   }
 }
 
+Expected<std::vector<UpstreamUrl>> resolve_all(const UpstreamUrl& u) {
+  net::io_context ioc;
+  tcp::resolver resolver(ioc);
+  beast::error_code ec;
+  auto eps = resolver.resolve(u.host, u.port, tcp::resolver::numeric_service, ec);
+  if (ec) return not_found("resolving '" + u.host + "': " + ec.message());
+  std::vector<UpstreamUrl> out;
+  for (const auto& e : eps) {
+    const std::string ip = e.endpoint().address().to_string();
+    auto one = parse_upstream_url("http://" + (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + u.port + u.base);
+    if (!one) continue;
+    if (std::none_of(out.begin(), out.end(), [&](const UpstreamUrl& x) { return x.url == one->url; })) out.push_back(*one);
+  }
+  return out;
+}
+
 SimpleResponse simple_get(ConnectionPool& pool, const std::string& target, double timeout_s, size_t max_body,
                           const HeaderList& headers) {
   SimpleResponse out;

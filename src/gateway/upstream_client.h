@@ -100,6 +100,11 @@ struct CallRequest {
 CallResult call(ConnectionPool& pool, const CallRequest& req, const CallTimeouts& t, const OnHeader& on_header,
                 const OnBody& on_body, CallCancel* cancel = nullptr);
 
+// Every address the URL's host name resolves to, each as a URL of its own
+// (same port and base). Errors: the resolver's message (the name does not
+// exist: an empty pool, e.g. a headless Service scaled to zero).
+Expected<std::vector<UpstreamUrl>> resolve_all(const UpstreamUrl& u);
+
 // A small GET (health checks, metrics scrapes): status and body (at most max_body bytes).
 struct SimpleResponse {
   CallResult result;

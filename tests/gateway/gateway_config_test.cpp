@@ -170,7 +170,7 @@ TEST(Router, PoliciesPickAsSpecified) {
   rs[1]->inflight = 1;
   rs[2]->inflight = 3;
   EXPECT_EQ(choose_replica(rs, {}, {}, cfg, rr, now).index, 1);
-  EXPECT_EQ(choose_replica(rs, {1}, {}, cfg, rr, now).index, 2);  // excluded: next least loaded
+  EXPECT_EQ(choose_replica(rs, {rs[1]}, {}, cfg, rr, now).index, 2);  // excluded: next least loaded
   rs[1]->set_scraped(4, 4, 0.5);                                  // scraped load beats its in-flight count
   EXPECT_EQ(choose_replica(rs, {}, {}, cfg, rr, now).index, 2);
 

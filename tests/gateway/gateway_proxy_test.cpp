@@ -33,7 +33,7 @@ struct Harness {
   std::thread thread;
   std::unique_ptr<ConnectionPool> client;
 
-  // `toml` may use {0}, {1}, ... for the stubs' URLs.
+  // `toml` may use {0}, {1}, ... for the stubs' URLs and {port0}, ... for their ports.
   void start(int n_stubs, std::string toml) {
     for (int i = 0; i < n_stubs; ++i) {
       auto s = StubUpstream::start("127.0.0.1", 0, "stub" + std::to_string(i));
@@ -41,8 +41,9 @@ struct Harness {
       stubs.push_back(std::move(*s));
     }
     for (int i = 0; i < n_stubs; ++i) {
-      const std::string ph = "{" + std::to_string(i) + "}";
+      const std::string ph = "{" + std::to_string(i) + "}", pp = "{port" + std::to_string(i) + "}";
       for (size_t p; (p = toml.find(ph)) != std::string::npos;) toml.replace(p, ph.size(), stubs[i]->url());
+      for (size_t p; (p = toml.find(pp)) != std::string::npos;) toml.replace(p, pp.size(), std::to_string(stubs[i]->port()));
     }
     auto cfg = parse_gateway_config(toml, "test.toml");
     ASSERT_TRUE(cfg.ok()) << cfg.status().message();
@@ -361,6 +362,63 @@ TEST(GatewayProxy, TraceContextReachesTheUpstream) {
   // Without one, the gateway starts a trace.
   EXPECT_EQ(h.post("/v1/completions", kCompletion).status, 200);
   EXPECT_EQ(h.stubs[0]->last_traceparent().size(), 55u);
+}
+
+// A port nothing listens on now (bound, then released).
+uint16_t free_port() {
+  auto s = StubUpstream::start("127.0.0.1", 0, "probe");
+  const uint16_t p = (*s)->port();
+  (*s)->stop();
+  return p;
+}
+
+TEST(GatewayProxy, HoldsRequestsUntilAReplicaComesUp) {
+  const uint16_t port = free_port();
+  Harness h;
+  h.start(0, "[routing]\nqueue_timeout_s=20\n[health]\ninterval_s=0.1\n[[models]]\nname='m'\nupstreams=['http://127.0.0.1:" +
+                 std::to_string(port) + "']\n");
+  EXPECT_EQ(h.request("GET", "/ready", "").status, 503);  // no replica up
+  Resp r;
+  std::thread client([&] { r = h.post("/v1/completions", kCompletion); });
+  // The request waits, counted as queued (the scale-from-zero signal).
+  for (int i = 0; i < 200 && h.metrics_value("serval_gateway_requests_queued{model=\"m\"}") != json(1); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(h.metrics_value("serval_gateway_requests_queued{model=\"m\"}"), 1);
+  auto stub = StubUpstream::start("127.0.0.1", port, "late");
+  ASSERT_TRUE(stub.ok()) << stub.status().message();
+  client.join();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ((*stub)->behaviour().requests.load(), 1);
+  EXPECT_EQ(h.metrics_value("serval_gateway_requests_queued{model=\"m\"}"), 0);
+}
+
+TEST(GatewayProxy, QueueTimeoutAnswers503) {
+  const uint16_t port = free_port();
+  Harness h;
+  h.start(0, "[routing]\nqueue_timeout_s=0.3\n[health]\ninterval_s=0.1\n[[models]]\nname='m'\nupstreams=['http://127.0.0.1:" +
+                 std::to_string(port) + "']\n");
+  const auto t0 = Clock::now();
+  auto r = h.post("/v1/completions", kCompletion);
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(error_code(r), "no_upstream");
+  EXPECT_GE(std::chrono::duration<double>(Clock::now() - t0).count(), 0.3);
+  EXPECT_EQ(r.header("retry-after"), "1");
+}
+
+TEST(GatewayProxy, DnsDiscoveryFollowsTheNamesAddresses) {
+  Harness h;
+  // localhost: 127.0.0.1 (where the stub listens) and perhaps ::1 (unhealthy: nothing there).
+  h.start(1, "[health]\ninterval_s=0.1\n[[models]]\nname='m'\ndiscovery='dns'\nupstreams=['http://localhost:{port0}']\n");
+  EXPECT_GE(h.metrics_value("serval_gateway_replicas{model=\"m\"}").get<double>(), 1);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(h.post("/v1/completions", kCompletion).status, 200);
+  EXPECT_EQ(h.stubs[0]->behaviour().requests.load(), 4);
+}
+
+TEST(GatewayProxy, DnsDiscoveryOfAMissingNameIsAnEmptyPool) {
+  Harness h;
+  h.start(0, "[health]\ninterval_s=0.1\n[[models]]\nname='m'\ndiscovery='dns'\nupstreams=['http://no-such-host.invalid:8080']\n");
+  EXPECT_EQ(h.metrics_value("serval_gateway_replicas{model=\"m\"}"), 0);
+  EXPECT_EQ(h.post("/v1/completions", kCompletion).status, 503);
 }
 
 }  // namespace
