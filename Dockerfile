@@ -32,7 +32,8 @@ RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSERVAL_BUILD_TESTS
 
 FROM debian:12-slim AS runtime
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libpcre2-32-0 libsqlite3-0 curl ca-certificates \
+    && apt-get install -y --no-install-recommends libpcre2-32-0 libsqlite3-0 libtomlplusplus3 libssl3 libopenmpi3 \
+        curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 serval \
     && useradd --system --uid 10001 --gid serval --home-dir /var/lib/serval --create-home --shell /usr/sbin/nologin serval

@@ -128,6 +128,19 @@ void read_model(TableReader& r, ModelRoute* m, const std::string& name) {
   r.number("price_input_per_mtok", &m->price_input_per_mtok, 0, 1e6);
   r.number("price_output_per_mtok", &m->price_output_per_mtok, 0, 1e6);
   r.string("api_key", &m->api_key, 1024);
+  r.string("api_key_file", &m->api_key_file, 4096);
+  if (!m->api_key.empty() && !m->api_key_file.empty()) r.fail(r.node("api_key_file"), "api_key_file", "give api_key or api_key_file, not both");
+  if (!m->api_key_file.empty()) {
+    std::ifstream f(m->api_key_file);
+    if (!f) r.fail(r.node("api_key_file"), "api_key_file", "cannot read '" + m->api_key_file + "'");
+    std::string line;
+    while (std::getline(f, line)) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+      if (!line.empty()) break;
+    }
+    if (line.empty() || line.size() > 1024) r.fail(r.node("api_key_file"), "api_key_file", "'" + m->api_key_file + "' holds no key (one per line)");
+    m->api_key = line;
+  }
   r.boolean("serval", &m->serval);
   r.string("health_path", &m->health_path, 256);
   r.string("metrics_path", &m->metrics_path, 256);

@@ -48,6 +48,7 @@ struct ModelRoute {
   double price_input_per_mtok = 0;   // currency per 1e6 prompt tokens
   double price_output_per_mtok = 0;  // currency per 1e6 completion tokens
   std::string api_key;               // sent upstream as Bearer (for upstreams that need one)
+  std::string api_key_file;          // or: the first line of this file (a mounted Secret), read at start
   bool serval = true;                // upstreams are serval replicas (metrics names, /ready)
   std::string health_path = "/ready";   // "" disables active health checks
   std::string metrics_path = "/metrics"; // "" disables load scraping

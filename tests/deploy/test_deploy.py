@@ -13,6 +13,12 @@ cluster, no Docker engine here).
   place of the model, temporary folders in place of the volumes); its /metrics
   carries every metric the HPA, the ScaledObject and routers read; SIGTERM
   drains and exits 0.
+- The gateway (Deployment, ConfigMap, Services, ledger volume) fits the
+  replicas: its config's upstream is the headless Service of the serve pods,
+  its files are on its volumes; the ConfigMap's gateway.toml runs a real
+  `serval gateway` in front of a real serve, and its /metrics has what the
+  ScaledObject's scale-from-zero trigger reads. The readiness probe's own
+  command (it sends the key) passes against the real serve.
 - The PrometheusRule is deploy/prometheus/serval-rules.yml, unchanged.
 - The Dockerfile passes the lint rules below (hadolint is not packaged in Debian 12).
 
@@ -41,7 +47,8 @@ from harness import Config, Suite, check, eq, get  # noqa: E402
 suite = Suite("deploy")
 REPO = harness.REPO
 K8S = os.path.join(REPO, "deploy", "kubernetes")
-KUSTOMIZATIONS = {"base": {"Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule"},
+KUSTOMIZATIONS = {"base": {"Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "ConfigMap",
+                           "PersistentVolumeClaim"},
                   "overlays/hpa": {"HorizontalPodAutoscaler"}, "overlays/keda": {"ScaledObject"}}
 
 
@@ -63,9 +70,9 @@ def setup():
            "docs": {name: [d for d in yaml.safe_load_all(text) if d] for name, text in rendered.items()}}
 
 
-def one(docs, kind):
-    found = [d for d in docs if d["kind"] == kind]
-    eq(len(found), 1, f"one {kind}")
+def one(docs, kind, name=None):
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    eq(len(found), 1, f"one {kind}" + (f" named {name}" if name else ""))
     return found[0]
 
 
@@ -87,8 +94,9 @@ def every_overlay_renders(ctx):
     eq(base, KUSTOMIZATIONS["base"], "base kinds")
     for name in ("overlays/hpa", "overlays/keda"):
         eq({d["kind"] for d in ctx["docs"][name]}, base | KUSTOMIZATIONS[name], f"{name} kinds")
-        check(one(ctx["docs"][name], "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
-              == "serval:0.1.0", f"{name}: the image tag from the kustomization")
+        for dep in (d for d in ctx["docs"][name] if d["kind"] == "Deployment"):
+            check(dep["spec"]["template"]["spec"]["containers"][0]["image"] == "serval:0.1.0",
+                  f"{name}: {dep['metadata']['name']}: the image tag from the kustomization")
 
 
 @suite.test
@@ -105,11 +113,13 @@ def a_broken_document_is_rejected(ctx):
     cases = {
         "replicas as a string": lambda d: d["spec"].__setitem__("replicas", "two"),
         "no containers": lambda d: d["spec"]["template"]["spec"].pop("containers"),
-        "probe port as a list": lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+        "probe port as a list": lambda d: d["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]
         .__setitem__("port", [8080]),
+        "probe command as a string": lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]
+        .__setitem__("command", "curl"),
     }
     for what, breaks in cases.items():
-        dep = json.loads(json.dumps(one(ctx["docs"]["base"], "Deployment")))
+        dep = json.loads(json.dumps(one(ctx["docs"]["base"], "Deployment", "serval")))
         breaks(dep)
         rc, rows, _ = validate(ctx, yaml.safe_dump(dep))
         check(rc != 0 and rows and not rows[0]["ok"], f"{what}: accepted ({rows})")
@@ -121,8 +131,8 @@ def a_broken_document_is_rejected(ctx):
     check(rc != 0, f"a ScaledObject with triggers as a string passes ({rows})")
 
 
-def container(docs):
-    return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+def container(docs, name="serval"):
+    return one(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
 
 
 def flag(args, name):
@@ -133,7 +143,7 @@ def flag(args, name):
 @suite.test
 def the_objects_fit_together(ctx):
     docs = ctx["docs"]["overlays/hpa"]
-    dep, svc, pdb, sm = (one(docs, k) for k in ("Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor"))
+    dep, svc, pdb, sm = (one(docs, k, "serval") for k in ("Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor"))
     labels = dep["spec"]["template"]["metadata"]["labels"]
     for what, sel in (("deployment", dep["spec"]["selector"]["matchLabels"]), ("service", svc["spec"]["selector"]),
                       ("pdb", pdb["spec"]["selector"]["matchLabels"])):
@@ -144,7 +154,9 @@ def the_objects_fit_together(ctx):
     eq(svc["spec"]["ports"][0]["targetPort"], "http", "service targets the named port")
     check("http" in ports and sm["spec"]["endpoints"][0]["port"] == "http", "scrape port")
     eq(str(ports["http"]), flag(c["args"], "--port"), "containerPort is serve's --port")
-    eq(c["readinessProbe"]["httpGet"]["path"], "/ready", "readiness")
+    ready = c["readinessProbe"]["exec"]["command"][-1]
+    check(f"http://127.0.0.1:{ports['http']}/ready" in ready, f"readiness probes /ready on the container port: {ready}")
+    check(flag(c["args"], "--api-key-file") in ready, "the readiness probe sends the key from --api-key-file")
     eq(c["livenessProbe"]["httpGet"]["path"], "/health", "liveness")
     eq(c["startupProbe"]["httpGet"]["path"], "/health", "startup")
     grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -173,7 +185,7 @@ def the_objects_fit_together(ctx):
 def prometheusrule_is_the_rules_file(ctx):
     with open(os.path.join(REPO, "deploy", "prometheus", "serval-rules.yml")) as f:
         rules = yaml.safe_load(f)
-    eq(one(ctx["docs"]["base"], "PrometheusRule")["spec"]["groups"], rules["groups"],
+    eq(one(ctx["docs"]["base"], "PrometheusRule", "serval")["spec"]["groups"], rules["groups"],
        "PrometheusRule groups (run deploy/kubernetes/gen_prometheusrule.py after changing the rules)")
 
 
@@ -183,7 +195,8 @@ def autoscaler_metrics(ctx):
     names |= {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
     so = one(ctx["docs"]["overlays/keda"], "ScaledObject")
     for t in so["spec"]["triggers"]:
-        names |= set(re.findall(r"\b(serval_[a-z_]+)", t["metadata"]["query"]))
+        # The gateway's own (serval_gateway_*) are checked on a real gateway below.
+        names |= set(re.findall(r"\b(serval_(?!gateway_)[a-z_]+)", t["metadata"]["query"]))
     return names
 
 
@@ -215,6 +228,15 @@ def the_deployments_arguments_start_a_real_server(ctx):
             auth = {"Authorization": f"Bearer {key}"}
             eq(get(port, "/health").status, 200, "/health (no key: the liveness probe sends none)")
             eq(get(port, "/ready", headers=auth).status, 200, "/ready")
+            # The readiness probe's own command (the key from the mounted file) passes; with a wrong key it fails.
+            probe = [a.replace(flag(c["args"], "--api-key-file"), os.path.join(tmp, "api-keys"))
+                     .replace(f"127.0.0.1:{flag(c['args'], '--port')}", f"127.0.0.1:{port}") for a in c["readinessProbe"]["exec"]["command"]]
+            p = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+            eq(p.returncode, 0, f"the readiness probe against the real server ({p.stderr.strip()})")
+            with open(os.path.join(tmp, "wrong-key"), "w") as f:
+                f.write("sk-wrong\n")
+            bad = [a.replace(os.path.join(tmp, "api-keys"), os.path.join(tmp, "wrong-key")) for a in probe]
+            check(subprocess.run(bad, capture_output=True, timeout=30).returncode != 0, "the probe passes with a wrong key")
             r = get(port, "/metrics", headers=auth)
             eq(r.status, 200, "/metrics with the key")
             text = r.body.decode()
@@ -230,6 +252,105 @@ def the_deployments_arguments_start_a_real_server(ctx):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def gateway_toml(ctx):
+    return one(ctx["docs"]["base"], "ConfigMap", "serval-gateway")["data"]["gateway.toml"]
+
+
+def toml_value(text, key):
+    """The first `key = value` of a TOML text (Debian 12's Python 3.11 has tomllib)."""
+    import tomllib
+    doc = tomllib.loads(text)
+    for part in key.split("."):
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc
+
+
+@suite.test
+def the_gateway_fits_together(ctx):
+    docs = ctx["docs"]["base"]
+    dep, svc, sm = (one(docs, k, "serval-gateway") for k in ("Deployment", "Service", "ServiceMonitor"))
+    headless = one(docs, "Service", "serval-headless")
+    serve_dep = one(docs, "Deployment", "serval")
+    text = gateway_toml(ctx)
+    c = container(docs, "serval-gateway")
+    eq(c["args"][:2], ["gateway", "--config"], "the container runs the gateway")
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    eq(volumes["config"]["configMap"]["name"], "serval-gateway", "config volume")
+    eq(c["args"][2], mounts["config"]["mountPath"] + "/gateway.toml", "--config is the ConfigMap's file")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    eq(ports["http"], toml_value(text, "server.port"), "containerPort is the gateway's port")
+    eq(toml_value(text, "server.host"), "0.0.0.0", "listens on every address")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    check(svc["spec"]["selector"].items() <= labels.items(), "the gateway Service selects the gateway pods")
+    check(sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items(), "ServiceMonitor → gateway Service")
+    # The upstream is the headless Service, which selects the serve pods on their port.
+    eq(headless["spec"]["clusterIP"], "None", "headless")
+    check(headless["spec"]["selector"].items() <= serve_dep["spec"]["template"]["metadata"]["labels"].items(),
+          "the headless Service selects the serve pods")
+    upstream = toml_value(text, "models.0.upstreams")[0]
+    eq(toml_value(text, "models.0.discovery"), "dns", "DNS discovery of replicas")
+    eq(upstream, f"http://{headless['metadata']['name']}:{headless['spec']['ports'][0]['port']}", "upstream URL")
+    eq(flag(container(docs)["args"], "--port"), str(headless["spec"]["ports"][0]["port"]), "headless port = serve's --port")
+    # The files it reads and writes are on its volumes.
+    check(toml_value(text, "models.0.api_key_file").startswith(mounts["api-keys"]["mountPath"] + "/"), "api_key_file on the Secret")
+    eq(volumes["api-keys"]["secret"]["secretName"],
+       next(v for v in serve_dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-keys")["secret"]["secretName"],
+       "the gateway reads the replicas' key Secret")
+    check(toml_value(text, "auth.db").startswith(mounts["state"]["mountPath"] + "/") and not mounts["state"].get("readOnly"),
+          "the ledger is on the writable state volume")
+    pvc = one(docs, "PersistentVolumeClaim", volumes["state"]["persistentVolumeClaim"]["claimName"])
+    eq(pvc["spec"]["accessModes"], ["ReadWriteOnce"], "ledger volume")
+    eq(dep["spec"]["strategy"]["type"], "Recreate", "one pod at a time on the ReadWriteOnce volume")
+    grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
+    check(grace >= pre_stop + toml_value(text, "server.drain_timeout_s") + 10, "grace period covers the drain")
+    eq(c["readinessProbe"]["httpGet"]["path"], "/health", "ready while it runs (it holds requests at zero replicas)")
+    check(toml_value(text, "routing.queue_timeout_s") >= 60, "requests wait long enough for a replica to load its model")
+    so = one(ctx["docs"]["overlays/keda"], "ScaledObject")
+    eq(so["spec"]["minReplicaCount"], 0, "KEDA scales the replicas to zero")
+    queued = [t for t in so["spec"]["triggers"] if "serval_gateway_requests_queued" in t["metadata"]["query"]]
+    check(queued and queued[0]["metadata"].get("activationThreshold") == "0", "the gateway's queue activates from zero")
+    check('service="serval-gateway"' in queued[0]["metadata"]["query"], "the trigger reads the gateway's series")
+
+
+@suite.test
+def the_gateway_configmap_runs_a_real_gateway(ctx):
+    """The ConfigMap's gateway.toml in front of a real serve (stories260K),
+    names and paths replaced by local ones: keys, a request through it, the
+    metrics KEDA reads, SIGTERM exit 0."""
+    import hashlib
+    text = gateway_toml(ctx)
+    with tempfile.TemporaryDirectory(prefix="serval-deploy-gw-") as tmp:
+        key = "sk-deploy-replica"
+        with open(os.path.join(tmp, "api-keys"), "w") as f:
+            f.write(key + "\n")
+        with harness.Server("--api-key", key, "--served-model-name", toml_value(text, "models.0.name"), name="replica") as srv:
+            local = (text.replace(toml_value(text, "models.0.upstreams")[0], f"http://localhost:{srv.port}")
+                     .replace(toml_value(text, "models.0.api_key_file"), os.path.join(tmp, "api-keys"))
+                     .replace(toml_value(text, "auth.db"), os.path.join(tmp, "gateway.db")))
+            p = subprocess.run([Config.serval, "gateway", "--config", "/dev/stdin", "--check"], input=local,
+                               capture_output=True, text=True)
+            eq(p.returncode, 0, f"gateway --check on the ConfigMap's file: {p.stderr}")
+            with harness.Gateway(local) as gw:
+                admin = {"Authorization": "Bearer change-me-admin-key"}
+                eq(hashlib.sha256(b"change-me-admin-key").hexdigest(), toml_value(text, "auth.admin_key_sha256"),
+                   "the documented placeholder admin key")
+                r = harness.post(gw.port, "/v1/gateway/keys", {"name": "deploy-test", "rpm": 60}, headers=admin)
+                eq(r.status, 201, f"key made through the admin route: {r.body[:300]!r}")
+                user = {"Authorization": "Bearer " + r.json()["key"]}
+                r = harness.post(gw.port, "/v1/completions", {"model": toml_value(text, "models.0.name"), "prompt": "Once",
+                                                              "max_tokens": 4}, headers=user)
+                eq(r.status, 200, f"a completion through the gateway: {r.body[:300]!r}")
+                m = get(gw.port, "/metrics").body.decode()
+                so = one(ctx["docs"]["overlays/keda"], "ScaledObject")
+                for t in so["spec"]["triggers"]:
+                    for n in re.findall(r"\b(serval_gateway_[a-z_]+)", t["metadata"]["query"]):
+                        check(f"\n{n}" in m, f"{n}, read by the ScaledObject, is not on the gateway's /metrics")
+                gw.signal(signal.SIGTERM)
+                eq(gw.wait(30), 0, "gateway exit status after SIGTERM")
 
 
 # ---------------------------------------------------------------- Dockerfile
@@ -301,6 +422,56 @@ def lint_dockerfile(text, repo):
     if not has_health:
         problems.append("no HEALTHCHECK")
     return problems
+
+
+def runtime_packages(text):
+    """The packages the Dockerfile's runtime stage installs with apt-get."""
+    stage = text[text.index("AS runtime"):]
+    run = next(args for _, ins, args in dockerfile_instructions(stage) if ins == "RUN" and "apt-get install" in args)
+    words = run.split("apt-get install", 1)[1].split("&&")[0].split()
+    return {w for w in words if not w.startswith("-")}
+
+
+def dpkg_closure(pkgs):
+    """pkgs and everything they depend on (installed packages, from dpkg's status)."""
+    seen, todo = set(), list(pkgs)
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Depends},${Pre-Depends}", p], capture_output=True, text=True).stdout
+        for alt in out.replace("|", ",").split(","):
+            name = alt.strip().split(" ")[0].split(":")[0]
+            if name:
+                todo.append(name)
+    return seen
+
+
+@suite.test
+def the_runtime_image_has_every_library_the_binary_links(ctx):
+    """Each shared library `serval` links comes from a package the runtime
+    stage installs (or one those, or debian:12-slim's apt, pull in)."""
+    if not shutil.which("dpkg-query") or not shutil.which("ldd"):
+        raise harness.SkipTest("needs dpkg-query and ldd (Debian)")
+    with open(os.path.join(REPO, "Dockerfile")) as f:
+        runtime = runtime_packages(f.read())
+    allowed = dpkg_closure(runtime | {"apt", "dpkg", "libc6"})
+    libs = re.findall(r"=> (/\S+)", subprocess.run(["ldd", Config.serval], capture_output=True, text=True).stdout)
+    check(libs, "ldd found no libraries")
+    missing = []
+    for lib in libs:
+        real = os.path.realpath(lib)
+        owner = ""
+        for path in (lib, real, real.replace("/usr/lib/", "/lib/", 1), lib.replace("/lib/", "/usr/lib/", 1)):
+            p = subprocess.run(["dpkg-query", "-S", path], capture_output=True, text=True)
+            if p.returncode == 0:
+                owner = p.stdout.split(":")[0].strip()
+                break
+        check(owner, f"no package owns {lib}")
+        if owner not in allowed:
+            missing.append(f"{os.path.basename(lib)} ({owner})")
+    check(not missing, f"the runtime stage lacks packages for: {', '.join(missing)}")
 
 
 @suite.test

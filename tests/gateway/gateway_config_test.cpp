@@ -79,12 +79,36 @@ TEST(GatewayConfig, ErrorsNameKeyAndLine) {
        "models[1]: model name or alias 'a' is used twice"},
       {"[[models]]\nname = 'a'\nupstreams = ['https://h:1']\n", "TLS upstreams are not supported"},
       {"[retry]\nattempts = 1.5\n", "g.toml:2: retry.attempts: expected an integer"},
+      {"[[models]]\nname = 'a'\nupstreams = ['http://h:1']\napi_key_file = '/nonexistent/keys'\n",
+       "g.toml:4: models[0].api_key_file: cannot read '/nonexistent/keys'"},
+      {"[[models]]\nname = 'a'\nupstreams = ['http://h:1']\ndiscovery = 'k8s'\n", "g.toml:4: models[0].discovery: expected \"static\" or \"dns\""},
   };
   for (const auto& c : cases) {
     auto r = parse_gateway_config(c.text, "g.toml");
     ASSERT_FALSE(r.ok()) << c.text;
     EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << "got: " << r.status().message() << "\nwant: " << c.expect;
   }
+}
+
+TEST(GatewayConfig, ApiKeyFileGivesTheFirstLine) {
+  const std::string path = ::testing::TempDir() + "/gw-key-" + std::to_string(::getpid());
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("\nsk-upstream-1\r\nsk-upstream-2\n", f);
+  std::fclose(f);
+  auto c = parse_gateway_config("[[models]]\nname='a'\nupstreams=['http://h:1']\napi_key_file='" + path + "'\n", "g.toml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->models[0].api_key, "sk-upstream-1");
+  std::remove(path.c_str());
+}
+
+// The documented example (deploy/gateway/gateway.toml) is a valid file.
+TEST(GatewayConfig, TheDocumentedExampleParses) {
+  auto c = load_gateway_config(std::string(SERVAL_SOURCE_DIR) + "/deploy/gateway/gateway.toml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->models.size(), 2u);
+  EXPECT_EQ(c->admin_key_sha256, sha256_hex("change-me-admin-key"));  // as its comment says
+  EXPECT_EQ(c->keys[0].sha256, sha256_hex("test"));
+  EXPECT_TRUE(c->require_key);
 }
 
 TEST(GatewayConfig, Sha256MatchesKnownVector) {
