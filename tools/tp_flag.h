@@ -88,7 +88,7 @@ struct TpFlag {
   void report(const std::string& cmd, int64_t steps_tokens) const {
 #ifdef SERVAL_HAVE_MPI
     if (!link) return;
-    const double b = (double)link->bytes_broadcast(), r = (double)link->bytes_reduced();
+    const double b = (double)link->bytes_broadcast(), r = (double)link->bytes_gathered();
     std::fprintf(stderr, "%s: tensor parallel %d ranks: %.0f bytes of steps sent, %.0f bytes all-gathered (%.0f per token)\n",
                  cmd.c_str(), (int)link->size(), b, r, steps_tokens > 0 ? (b + r) / (double)steps_tokens : 0.0);
 #else

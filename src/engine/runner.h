@@ -63,7 +63,7 @@ class Runner {
 
   // Tensor parallelism (the model is rank 0's shard): every step's block
   // copies and batch go to the other ranks first, and the forward meets them
-  // in the link's all-reduces. Set once, before the first step.
+  // in the link's all-gathers. Set once, before the first step.
   void set_tensor_parallel(TensorParallelLink* link) {
     link_ = link;
     forward_.set_collective(link);

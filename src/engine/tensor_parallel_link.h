@@ -3,7 +3,7 @@
 // of the model; before each piece of work its runner hands the same work to
 // the other ranks (their KV pool once, then each step's block copies and
 // batch), which run their shards in lockstep and meet rank 0's forward in its
-// all-reduces (the Collective this link also is). parallel/mpi_link.h
+// all-gathers (the Collective this link also is). parallel/mpi_link.h
 // implements it over MPI.
 #pragma once
 

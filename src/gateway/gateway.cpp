@@ -192,6 +192,23 @@ bool is_preamble(std::string_view data) {
   return true;
 }
 
+// One SSE event carrying `data` (a data: field per line of it).
+std::string sse_event(std::string_view data) {
+  std::string ev;
+  ev.reserve(data.size() + 8);
+  size_t pos = 0;
+  for (;;) {
+    const size_t nl = data.find('\n', pos);
+    ev += "data: ";
+    ev += data.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+    ev += '\n';
+    if (nl == std::string_view::npos) break;
+    pos = nl + 1;
+  }
+  ev += '\n';
+  return ev;
+}
+
 std::string header_value(const HeaderList& h, std::string_view name) {
   for (const auto& [k, v] : h)
     if (k == name) return v;
@@ -545,6 +562,7 @@ struct Gateway::Impl {
     Outcome outcome = Outcome::retry;
     int status = 0;
     std::string error_body;      // the upstream's answer (non-200), for the client if nothing else works
+    std::string retry_after;     // its Retry-After header
     std::string message;         // why it failed
     int64_t prompt_tokens = 0, completion_tokens = 0;
     bool counted = false;        // usage known (or partial) and to be recorded
@@ -582,7 +600,7 @@ struct Gateway::Impl {
     bool committed = false, done = false, stopped_by_client = false, stream_ok = false;
     std::vector<std::string> pending;
     int status = 0;
-    std::string content_type = "application/json", buf;
+    std::string content_type = "application/json", buf, retry_after;
     SseParser sse;
     int64_t content_events = 0;
     const auto t0 = Clock::now();
@@ -591,6 +609,7 @@ struct Gateway::Impl {
       status = st;
       upstream_seconds.with({{"upstream", r.url()}}).observe(since(t0));
       content_type = header_value(h, "content-type");
+      retry_after = header_value(h, "retry-after");
       if (content_type.empty()) content_type = "application/json";
       stream_ok = st == 200 && c.stream;
       return true;
@@ -604,7 +623,7 @@ struct Gateway::Impl {
     auto on_event = [&](std::string_view data) {
       if (!committed) {
         if (data != "[DONE]" && is_preamble(data)) {
-          pending.push_back("data: " + std::string(data) + "\n\n");
+          pending.push_back(sse_event(data));
           return;
         }
         commit();
@@ -637,14 +656,7 @@ struct Gateway::Impl {
       } else {
         ++content_events;
       }
-      if (forward) {
-        std::string ev;
-        ev.reserve(data.size() + 8);
-        ev += "data: ";
-        ev += data;
-        ev += "\n\n";
-        c.ch->write(std::move(ev));
-      }
+      if (forward) c.ch->write(sse_event(data));
     };
     auto on_body = [&](std::string_view chunk) {
       if (c.ch->disconnected()) {
@@ -700,6 +712,7 @@ struct Gateway::Impl {
         return a;
       }
       a.error_body = buf;
+      a.retry_after = retry_after;
       a.message = "HTTP " + std::to_string(res.status) + " from " + r.url();
       if (res.status >= 500) {
         failure(r, now);
@@ -824,7 +837,9 @@ struct Gateway::Impl {
       }
       if (st == 0) st = 502;
       if (!last.error_body.empty() && st >= 400 && st != 200) {
-        c.ch->send(st, "application/json", last.error_body, {{"x-request-id", c.id}});
+        http::Headers extra{{"x-request-id", c.id}};
+        if (!last.retry_after.empty()) extra.emplace_back("retry-after", last.retry_after);
+        c.ch->send(st, "application/json", last.error_body, std::move(extra));
       } else {
         const std::string code = st == 503 ? "no_upstream" : st == 504 ? "timeout" : "upstream_error";
         http::Headers extra{{"x-request-id", c.id}};

@@ -125,6 +125,17 @@ void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm) {
   }
 }
 
+Status BatchForward::tp_gather(const float* local, int64_t n, int64_t w, std::vector<float>& full) {
+  const int64_t size = model_.config().tp.size;
+  tp_recv_.resize((size_t)(size * n * w));
+  SERVAL_RETURN_IF_ERROR(collective_->allgather(local, (size_t)(n * w), tp_recv_.data()));
+  if ((int64_t)full.size() < n * w * size) full.resize((size_t)(n * w * size));
+  for (int64_t r = 0; r < size; ++r)
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(full.data() + (i * size + r) * w, tp_recv_.data() + (r * n + i) * w, (size_t)w * sizeof(float));
+  return {};
+}
+
 void BatchForward::ensure_capacity(int64_t n) {
   const ModelConfig& c = model_.config();
   auto grow = [n](std::vector<float>& v, int64_t width) {
@@ -141,6 +152,10 @@ void BatchForward::ensure_capacity(int64_t n) {
   grow(gate_, ffn);
   grow(up_, ffn);
   grow(hidden_, ffn);
+  if (c.tp.size > 1) {
+    grow(tp_part_, c.dim / c.tp.size);
+    grow(tp_full_, std::max(c.q_dim(), ffn) * c.tp.size);
+  }
 
 }
 
@@ -153,7 +168,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
   if (c.encoder) return invalid_argument("'" + c.arch + "' is an encoder: it embeds (EmbedForward), never decodes");
   if (c.tp.size > 1 && !collective_)
     return invalid_argument("a tensor-parallel shard (rank " + std::to_string(c.tp.rank) + " of " +
-                            std::to_string(c.tp.size) + ") needs its all-reduce (set_collective)");
+                            std::to_string(c.tp.size) + ") needs its all-gather (set_collective)");
   if (g.kv_dim != kv_dim || g.n_layers != c.n_layers)
     return invalid_argument("KV storage geometry does not match the model");
   if (std::string why = kv_type_check(g.type, hd); !why.empty()) return invalid_argument(why);
@@ -380,11 +395,17 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
         }
       }, attn_grain);
     }
-    mm(l.wo, attn_.data(), n, proj_.data());
+    // A shard gathers every rank's heads, projects onto its own output rows
+    // (all columns: the whole model's arithmetic), then gathers the rows.
+    const bool tp = c.tp.size > 1;
+    if (tp) SERVAL_RETURN_IF_ERROR(tp_gather(attn_.data(), n, q_dim, tp_full_));
+    float* const wo_out = tp ? tp_part_.data() : proj_.data();
+    const int64_t wo_rows = l.wo.rows;
+    mm(l.wo, tp ? tp_full_.data() : attn_.data(), n, wo_out);
     if (!l.bo.empty())
       for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < dim; ++j) proj_[(size_t)(i * dim + j)] += l.bo[(size_t)j];
-    if (c.tp.size > 1) SERVAL_RETURN_IF_ERROR(collective_->allreduce_sum(proj_.data(), (size_t)(n * dim)));
+        for (int64_t j = 0; j < wo_rows; ++j) wo_out[(size_t)(i * wo_rows + j)] += l.bo[(size_t)j];
+    if (tp) SERVAL_RETURN_IF_ERROR(tp_gather(tp_part_.data(), n, wo_rows, proj_));
     if (c.block.post_attn_norm)
       for (int64_t i = 0; i < n; ++i)
         ref::rmsnorm(proj_.data() + i * dim, proj_.data() + i * dim, l.post_attn_norm.data(), dim, c.rms_eps);
@@ -398,8 +419,13 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       mm(l.w_gate, xn_.data(), n, gate_.data());
       mm(l.w_up, xn_.data(), n, up_.data());
       blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
-      mm(l.w_down, hidden_.data(), n, proj_.data());
-      if (c.tp.size > 1) SERVAL_RETURN_IF_ERROR(collective_->allreduce_sum(proj_.data(), (size_t)(n * dim)));
+      if (tp) {
+        SERVAL_RETURN_IF_ERROR(tp_gather(hidden_.data(), n, c.ffn_dim, tp_full_));
+        mm(l.w_down, tp_full_.data(), n, tp_part_.data());
+        SERVAL_RETURN_IF_ERROR(tp_gather(tp_part_.data(), n, l.w_down.rows, proj_));
+      } else {
+        mm(l.w_down, hidden_.data(), n, proj_.data());
+      }
     }
     if (c.block.post_ffn_norm)
       for (int64_t i = 0; i < n; ++i)

@@ -68,8 +68,8 @@ class BatchForward {
   // none, the default). The observer must outlive its use.
   void set_observer(const MatmulObserver* obs) { observer_ = obs; }
 
-  // A tensor-parallel shard's all-reduce (model/tensor_parallel.h), called
-  // after the attention output and the FFN down projection of every layer.
+  // A tensor-parallel shard's all-gather (model/tensor_parallel.h), called
+  // around the attention output and the FFN down projection of every layer.
   // Required when the model is a shard; must outlive its use.
   void set_collective(Collective* c) { collective_ = c; }
 
@@ -92,6 +92,10 @@ class BatchForward {
   Collective* collective_ = nullptr;
   // scratch, [n_tokens, ...]
   std::vector<float> x_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, hidden_, out_rows_;
+  // Tensor parallel: this rank's output rows, the gathered whole, the collective's buffer.
+  std::vector<float> tp_part_, tp_full_, tp_recv_;
+  // Every rank's [n, w] slice, gathered into full[n, N * w] (rank r's at columns [r * w, (r + 1) * w)).
+  Status tp_gather(const float* local, int64_t n, int64_t w, std::vector<float>& full);
   std::vector<float> cs_full_, cs_swa_;  // RoPE cos/sin per token, [n_tokens, rope_dim]
   // Mixture of experts: router logits [n, n_expert], each token's experts and
   // weights [n, n_used], the rows of each expert's group, gathered inputs and

@@ -32,7 +32,7 @@ void Model::pack_weights() {
     if (!m.data || !kernels::PackedMatrix::packable_data(m.type, m.data, m.rows, m.cols)) return;
     m.packed =
         std::make_shared<const kernels::PackedMatrix>(kernels::PackedMatrix::pack(m.type, m.data, m.rows, m.cols));
-    if (release && !m.owned) file_.release(m.data, row_size(m.type, m.cols) * (size_t)m.rows);
+    if (release) file_.release(m.data, row_size(m.type, m.cols) * (size_t)m.rows);
   };
   ModelWeights& w = weights_;
   pack(w.output, !w.tied_output);  // token_embd is read by row (embedding lookup): stays as stored

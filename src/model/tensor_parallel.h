@@ -1,20 +1,26 @@
-// Tensor parallelism (Megatron-style) for the batched forward. Rank r of N
-// holds, in every layer, query heads [r*H/N, (r+1)*H/N) and KV heads
-// [r*KV/N, (r+1)*KV/N) (its rows of Q/K/V and its KV cache, 1/N of the
-// whole), the matching columns of the attention output projection, and FFN
-// columns [r*F/N, (r+1)*F/N) (rows of gate/up, columns of down). The output of
-// each projection that mixes heads or FFN columns is then a partial sum: one
-// all-reduce after the attention output and one after the FFN down projection
-// (Collective) make every rank's hidden state whole again. Biases of those
-// two outputs are added by rank 0 only. Norms, embeddings and the output head
-// are replicated.
+// Tensor parallelism for the batched forward, exact: a shard computes every
+// number the whole model computes in the same order, so its logits are the
+// whole model's bits. Rank r of N holds, in every layer:
+//   - query heads [r*H/N, (r+1)*H/N) and KV heads [r*KV/N, (r+1)*KV/N): its
+//     rows of Q/K/V and its KV cache (1/N of the whole);
+//   - FFN columns [r*F/N, (r+1)*F/N): its rows of gate and up;
+//   - output rows [r*D/N, (r+1)*D/N) of the attention output projection and
+//     of the FFN down projection (whole rows: every column).
+// Each layer gathers (Collective::allgather) the heads' outputs before the
+// output projection, the FFN activations before the down projection, and each
+// of those two projections' row slices after it. A projection thus always sees
+// the whole input vector and computes each output over all of its columns in
+// the kernels' fixed order, as unsplit. Megatron's split of those two
+// projections by columns (then an all-reduce of partial sums) would add the
+// partial sums in another order; with activations quantized to 8 bits per
+// block, a last-bit difference can round an element of the next layer's
+// input to the neighbouring step and move log-probs by ~0.1.
+// Norms, embeddings and the output head are replicated.
 //
 // A shard is a Model whose config counts its own heads and FFN columns
-// (n_heads, n_kv_heads, ffn_dim) and whose weights are its slices: row slices
-// are views of the mapping, column slices are copied (block-aligned: a column
-// split must fall on a quantization block boundary, so the 8-bit activation
-// blocks the kernels build are the same as unsplit). Only the batched forward
-// runs shards; the reference forward needs the whole model.
+// (n_heads, n_kv_heads, ffn_dim) and whose weights are its slices, all row
+// slices: views of the mapping, no copies, no block-alignment constraint. Only
+// the batched forward runs shards; the reference forward needs the whole model.
 #pragma once
 
 #include <cstddef>
@@ -27,15 +33,15 @@
 
 namespace serval {
 
-// The all-reduce the shards' forwards meet in (MPI across processes, threads
+// The all-gather the shards' forwards meet in (MPI across processes, threads
 // in one process for tests).
 class Collective {
  public:
   virtual ~Collective() = default;
-  // Replaces data[0, n) on every rank by the sum over ranks, added in rank
-  // order (0 + 1 + ... + N-1): deterministic, and the same bits on every
-  // rank. An error (a rank gone, a timeout) fails the forward.
-  virtual Status allreduce_sum(float* data, size_t n) = 0;
+  // out[r * n, (r + 1) * n) becomes rank r's in[0, n), on every rank (out
+  // holds N * n floats; in may not overlap it). An error (a rank gone, a
+  // timeout) fails the forward.
+  virtual Status allgather(const float* in, size_t n, float* out) = 0;
 };
 
 // Why this model cannot be split `size` ways; empty when it can.

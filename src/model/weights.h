@@ -25,9 +25,6 @@ struct Matrix {
   int64_t cols = 0;  // input features (ggml ne[0])
   const uint8_t* data = nullptr;
   std::shared_ptr<const kernels::PackedMatrix> packed;
-  // Set when `data` is a copy rather than a view of the mapping (a
-  // tensor-parallel shard's column slice): keeps it alive.
-  std::shared_ptr<const std::vector<uint8_t>> owned;
 };
 
 struct LayerWeights {

@@ -131,19 +131,12 @@ Status MpiLink::broadcast(int64_t* type, std::vector<uint8_t>* payload, bool idl
   return {};
 }
 
-Status MpiLink::allreduce_sum(float* data, size_t n) {
-  gather_.resize(n * (size_t)size_);
+Status MpiLink::allgather(const float* in, size_t n, float* out) {
   MPI_Request req;
-  if (int rc = MPI_Iallgather(data, (int)n, MPI_FLOAT, gather_.data(), (int)n, MPI_FLOAT, MPI_COMM_WORLD, &req);
-      rc != MPI_SUCCESS)
-    return io_error("tensor parallel: all-reduce failed: " + mpi_error(rc));
-  SERVAL_RETURN_IF_ERROR(wait(&req, false, "an all-reduce"));
-  for (size_t i = 0; i < n; ++i) {
-    float s = gather_[i];
-    for (int32_t r = 1; r < size_; ++r) s += gather_[(size_t)r * n + i];
-    data[i] = s;
-  }
-  bytes_reduce_ += n * sizeof(float) * (size_t)size_;
+  if (int rc = MPI_Iallgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, MPI_COMM_WORLD, &req); rc != MPI_SUCCESS)
+    return io_error("tensor parallel: all-gather failed: " + mpi_error(rc));
+  SERVAL_RETURN_IF_ERROR(wait(&req, false, "an all-gather"));
+  bytes_gather_ += n * sizeof(float) * (size_t)(size_ - 1);
   return {};
 }
 

@@ -2,9 +2,9 @@
 // per rank, `mpirun -np N serval run|serve --tp N ...`. Rank 0 runs the engine
 // (server, scheduler, sampler) on its shard and broadcasts each step's work
 // (TensorParallelLink); ranks 1..N-1 load their shards and run serve_steps()
-// until rank 0 says stop. The all-reduce gathers every rank's partial sums and
-// adds them in rank order on every rank: deterministic, the same bits
-// everywhere.
+// until rank 0 says stop. The shards' forwards meet in all-gathers
+// (model/tensor_parallel.h): every rank ends with the same bits, which are the
+// whole model's.
 //
 // A rank that dies or stalls never hangs the others: errors return (not
 // abort), and every wait inside a step has a deadline, after which the rank
@@ -38,7 +38,7 @@ class MpiLink final : public TensorParallelLink {
   int32_t size() const { return size_; }
   TensorParallel shard() const { return {rank_, size_}; }
 
-  Status allreduce_sum(float* data, size_t n) override;
+  Status allgather(const float* in, size_t n, float* out) override;
   Status send_pool(int32_t n_blocks, int32_t block_size, KvType type) override;
   Status send_copies(std::span<const BlockCopy> copies) override;
   Status send_batch(const Batch& batch) override;
@@ -48,9 +48,10 @@ class MpiLink final : public TensorParallelLink {
   // Ranks 1..N-1: runs `shard` on every step rank 0 sends, until stop.
   Status serve_steps(const Model& shard, ThreadPool* pool);
 
-  // Bytes this rank sent and received in broadcasts and all-reduces.
+  // Bytes of the step broadcasts, and bytes this rank received in all-gathers
+  // (the other ranks' slices: (N - 1) * n floats per call).
   uint64_t bytes_broadcast() const { return bytes_bcast_; }
-  uint64_t bytes_reduced() const { return bytes_reduce_; }
+  uint64_t bytes_gathered() const { return bytes_gather_; }
 
  private:
   MpiLink(int32_t rank, int32_t size, double timeout_s) : rank_(rank), size_(size), timeout_s_(timeout_s) {}
@@ -61,8 +62,7 @@ class MpiLink final : public TensorParallelLink {
   int32_t rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
   bool stopped_ = false;
-  std::vector<float> gather_;
-  uint64_t bytes_bcast_ = 0, bytes_reduce_ = 0;
+  uint64_t bytes_bcast_ = 0, bytes_gather_ = 0;
 };
 
 }  // namespace serval::parallel

@@ -306,13 +306,15 @@ def drains_on_sigterm_and_refuses_bad_configs(_):
         try:
             out = []
             th = threading.Thread(target=lambda: out.append(stream(gw.port, "/v1/completions", {
-                "model": "stories", "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True})))
+                "model": "stories", "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}})))
             th.start()
             wait_until(lambda: (metric(gw.port, "serval_gateway_requests_in_flight") or 0) >= 1, 10)
             gw.signal(signal.SIGTERM)
             th.join(60)
             out[0].check_well_formed("stream in flight during the drain")
-            eq(len(out[0].texts()), 400, "tokens of the drained stream")
+            eq(out[0].usage()["completion_tokens"], 400, "tokens of the drained stream")
+            eq(out[0].finish_reason(), ["length"], "finish reason of the drained stream")
             eq(gw.wait(30), 0, "gateway exit status after a drain")
         finally:
             gw.stop()
