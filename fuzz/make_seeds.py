@@ -163,6 +163,27 @@ def main():
           + b"%x\r\n" % len(b) + b + b"\r\n0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     write("http_request", "get_auth", b"GET /v1/models?x=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
           b"Expect: 100-continue\r\nConnection: keep-alive\r\n\r\n")
+    # gateway: requests to serval gateway (one model 'm', alias 'a', a key, an admin key).
+    def req(method, path, body=None, key=None):
+        b = json.dumps(body).encode() if body is not None else b""
+        h = f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
+        if key:
+            h += f"Authorization: Bearer {key}\r\n"
+        if body is not None:
+            h += f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n"
+        return h.encode() + b"\r\n" + b
+    user, admin = "user-key-0123456789", "admin-key-0123456789"
+    write("gateway", "completion", req("POST", "/v1/completions", {"model": "m", "prompt": "Once", "max_tokens": 3}, user))
+    write("gateway", "chat_stream", req("POST", "/v1/chat/completions", {
+        "model": "a", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "stream": True,
+        "stream_options": {"include_usage": True}}, user))
+    write("gateway", "embeddings", req("POST", "/v1/embeddings", {"model": "n", "input": [1, 2, 3]}))
+    write("gateway", "make_key", req("POST", "/v1/gateway/keys", {"name": "x", "rpm": 5, "models": ["m"],
+                                                                   "budget": 2, "budget_period": "month"}, admin))
+    write("gateway", "usage_and_delete", req("GET", "/v1/gateway/usage?key=k&from=2026-01-01&to=2026-12-31", key=admin)
+          + req("DELETE", "/v1/gateway/keys/x", key=admin) + req("GET", "/v1/gateway/keys", key=admin)
+          + req("GET", "/v1/models"))
+    write("gateway", "probes", req("GET", "/health") + req("GET", "/ready") + req("GET", "/metrics"))
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}})
     chat = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
                        "body": {"messages": [{"role": "user", "content": "hi"}]}})

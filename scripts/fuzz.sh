@@ -21,7 +21,7 @@ JOBS=2
 RSS_MB=2048      # a process past this is a finding (libFuzzer -rss_limit_mb)
 MALLOC_MB=512    # one allocation past this is a finding (-malloc_limit_mb)
 TIMEOUT_S=10     # one input running longer is a finding
-ALL=(gguf tokenizer chat_template openai_request http_request grammar batch_input output_parser api_translation embeddings_api)
+ALL=(gguf tokenizer chat_template openai_request http_request grammar batch_input output_parser api_translation embeddings_api gateway)
 HARNESSES=()
 BUILD=1
 while [ $# -gt 0 ]; do

@@ -106,10 +106,20 @@ struct ModelPool {
     std::lock_guard<std::mutex> lk(mu);
     replicas = std::move(r);
   }
+  // The upstream's own /v1/models entry for this model (max_model_len, ...), once seen.
+  nlohmann::json info() const {
+    std::lock_guard<std::mutex> lk(mu);
+    return info_;
+  }
+  void set_info(nlohmann::json j) {
+    std::lock_guard<std::mutex> lk(mu);
+    info_ = std::move(j);
+  }
 
  private:
   mutable std::mutex mu;
   std::vector<std::shared_ptr<Replica>> replicas;
+  nlohmann::json info_;
 };
 
 std::vector<Replica*> raw(const std::vector<std::shared_ptr<Replica>>& v) {
@@ -358,6 +368,11 @@ struct Gateway::Impl {
         json e = {{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "serval-gateway"},
                   {"root", p->upstream_model()}, {"replicas", snap.size()}, {"replicas_available", up}};
         if (!parent.empty()) e["parent"] = parent;
+        // Merged from the replicas' own listing: what a client sizes requests by.
+        const json info = p->info();
+        if (info.is_object())
+          for (const char* k : {"max_model_len", "context_length", "owned_by"})
+            if (auto it = info.find(k); it != info.end()) e[k == std::string("owned_by") ? "upstream_owned_by" : k] = *it;
         if (!p->route->fallback.empty()) e["fallback"] = p->route->fallback;
         data.push_back(std::move(e));
       };
@@ -994,6 +1009,12 @@ struct Gateway::Impl {
 
   // ---- health checks and load scrapes ----
 
+  ModelPool* pool_of(const ModelRoute* route) {
+    for (auto& p : pools)
+      if (p->route == route) return p.get();
+    return nullptr;
+  }
+
   static double metric_value(const std::string& text, std::string_view name) {
     size_t pos = 0;
     while ((pos = text.find(name, pos)) != std::string::npos) {
@@ -1048,6 +1069,20 @@ struct Gateway::Impl {
           if (!route->health_path.empty()) {
             auto res = simple_get(r->pool(), route->health_path, cfg.health_timeout_s, 4096, auth);
             r->on_health(res.result.kind == CallResult::Kind::ok && res.result.status == 200, now);
+          }
+          if (r->healthy() && !pool_of(route)->info().is_object()) {
+            auto res = simple_get(r->pool(), "/v1/models", cfg.health_timeout_s, 1u << 20, auth);
+            json j = json::parse(res.body, nullptr, false);
+            const std::string want = route->upstream_model.empty() ? route->name : route->upstream_model;
+            // Its entry for this model (or the only one a single-model server lists).
+            if (res.result.kind == CallResult::Kind::ok && res.result.status == 200 && j.is_object() &&
+                j.contains("data") && j["data"].is_array()) {
+              const json& d = j["data"];
+              for (const auto& e : d)
+                if (e.is_object() && e.contains("id") && e["id"].is_string() && e["id"].get_ref<const std::string&>() == want)
+                  pool_of(route)->set_info(e);
+              if (!pool_of(route)->info().is_object() && d.size() == 1 && d[0].is_object()) pool_of(route)->set_info(d[0]);
+            }
           }
           if (!route->metrics_path.empty() && r->healthy()) {
             auto res = simple_get(r->pool(), route->metrics_path, cfg.health_timeout_s, 4u << 20, auth);
@@ -1107,7 +1142,8 @@ std::string Gateway::error_body(int status, const std::string& message, const st
                      : status >= 500 ? "server_error"
                                      : "invalid_request_error";
   json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code.empty() ? json(nullptr) : json(code)}};
-  return json{{"error", std::move(e)}}.dump();
+  // Messages quote request paths and names: bytes that are not UTF-8 become U+FFFD rather than an exception.
+  return json{{"error", std::move(e)}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 void Gateway::start() {

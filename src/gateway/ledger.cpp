@@ -3,7 +3,9 @@
 #include <sqlite3.h>
 
 #include <chrono>
+#include <cstdio>
 #include <ctime>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -210,7 +212,8 @@ std::vector<KeyConfig> Ledger::keys() const {
     k.name = s.col_text(0);
     k.sha256 = s.col_text(1);
     auto j = nlohmann::json::parse(s.col_text(2), nullptr, false);
-    if (j.is_object()) {
+    try {
+      if (!j.is_object()) throw std::runtime_error("not a JSON object");
       k.rpm = j.value("rpm", 0.0);
       k.tpm = j.value("tpm", 0.0);
       k.max_parallel = j.value("max_parallel", 0);
@@ -218,6 +221,10 @@ std::vector<KeyConfig> Ledger::keys() const {
       k.budget = j.value("budget", 0.0);
       const std::string p = j.value("budget_period", "month");
       k.budget_period = p == "day" ? BudgetPeriod::day : p == "total" ? BudgetPeriod::total : BudgetPeriod::month;
+    } catch (const std::exception& e) {
+      // A damaged row must not take the gateway down, nor become a key without limits.
+      std::fprintf(stderr, "serval gateway: key '%s' in the database is damaged (%s): ignored\n", k.name.c_str(), e.what());
+      continue;
     }
     out.push_back(std::move(k));
   }

@@ -59,7 +59,8 @@ void StubUpstream::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
                     "# TYPE serval_requests_waiting gauge\nserval_requests_waiting 0\n"
                     "# TYPE serval_kv_usage_ratio gauge\nserval_kv_usage_ratio 0\n");
   if (req.path == "/v1/models")
-    return ch->send(200, "application/json", json{{"object", "list"}, {"data", {{{"id", name_}, {"object", "model"}}}}}.dump());
+    return ch->send(200, "application/json",
+                    json{{"object", "list"}, {"data", {{{"id", name_}, {"object", "model"}, {"max_model_len", 4096}}}}}.dump());
   if (req.method != "POST" || (req.path != "/v1/completions" && req.path != "/v1/chat/completions" && req.path != "/v1/embeddings"))
     return ch->send(404, "application/json", Gateway::error_body(404, "no route " + req.path));
   b_.requests.fetch_add(1);
@@ -82,7 +83,7 @@ void StubUpstream::answer(const http::HttpRequest& req, const std::shared_ptr<ht
     return ch->send(f, "application/json", Gateway::error_body(f, "stub upstream told to fail with " + std::to_string(f)));
   json body = json::parse(req.body, nullptr, false);
   if (!body.is_object()) return ch->send(400, "application/json", Gateway::error_body(400, "body: expected a JSON object"));
-  const std::string model = body.value("model", name_);
+  const std::string model = body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : name_;
   const bool chat = req.path == "/v1/chat/completions";
   // Prompt size: characters of the prompt or the messages' contents.
   size_t prompt_chars = 0;
@@ -101,7 +102,7 @@ void StubUpstream::answer(const http::HttpRequest& req, const std::shared_ptr<ht
     return ch->send(200, "application/json",
                     json{{"object", "list"}, {"model", model}, {"data", {{{"object", "embedding"}, {"index", 0}, {"embedding", {0.6, 0.8}}}}}, {"usage", usage}}.dump());
   }
-  const bool stream = body.value("stream", false);
+  const bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
   const std::string obj = chat ? "chat.completion" : "text_completion";
   if (!stream) {
     std::string text;
@@ -112,7 +113,8 @@ void StubUpstream::answer(const http::HttpRequest& req, const std::shared_ptr<ht
                     json{{"id", "stub-1"}, {"object", obj}, {"created", 0}, {"model", model}, {"choices", {choice}}, {"usage", usage}}.dump());
   }
   bool include_usage = false;
-  if (auto so = body.find("stream_options"); so != body.end() && so->is_object()) include_usage = so->value("include_usage", false);
+  if (auto so = body.find("stream_options"); so != body.end() && so->is_object())
+    if (auto iu = so->find("include_usage"); iu != so->end() && iu->is_boolean()) include_usage = iu->get<bool>();
   ch->start_stream(200, "text/event-stream");
   const int stop_after = b_.stream_stop_after.load();
   for (int i = 0; i < n; ++i) {

@@ -137,6 +137,7 @@ TEST(GatewayProxy, ProxiesStreamsAndMergesModels) {
   EXPECT_EQ(j["data"][0]["id"], "m");
   EXPECT_EQ(j["data"][1]["id"], "alias");
   EXPECT_EQ(j["data"][1]["parent"], "m");
+  EXPECT_EQ(j["data"][0]["max_model_len"], 4096);  // merged from the upstream's own /v1/models
 
   r = h.post("/v1/embeddings", {{"model", "m"}, {"input", "abc"}});
   EXPECT_EQ(r.status, 200);
@@ -166,6 +167,9 @@ TEST(GatewayProxy, BadInputGetsOpenAiErrors) {
   EXPECT_EQ(r.status, 400);
   r = h.request("GET", "/v1/nothing", "", "key-one");
   EXPECT_EQ(r.status, 404);
+  r = h.request("GET", "/v1/\xff\xfe-not-utf8", "", "key-one");  // quoted in the message: still a JSON error
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(error_code(r), "not_found");
   EXPECT_EQ(h.post("/v1/completions", kCompletion, "key-one").status, 200);
   EXPECT_EQ(h.stubs[0]->behaviour().requests.load(), 1);  // nothing refused reached the upstream
 }
