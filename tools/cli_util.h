@@ -3,6 +3,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <pthread.h>
+#include <signal.h>
+
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -42,6 +46,29 @@ inline bool read_file(const std::string& path, std::string& out) {
   ss << in.rdbuf();
   out = ss.str();
   return true;
+}
+
+// Servers (serve, gateway): SIGINT and SIGTERM blocked on this thread and on
+// every thread started after it, so that only the thread that sigwait()s on
+// the returned set sees them; SIGPIPE ignored (a client gone mid-write).
+inline sigset_t block_stop_signals() {
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  return sigs;
+}
+
+// A server's last line and exit status: 0 when nothing was left unfinished.
+inline int stopped_status(const std::string& cmd, size_t unfinished) {
+  if (unfinished > 0) {
+    std::fprintf(stderr, "%s: stopped with %zu requests unfinished\n", cmd.c_str(), unfinished);
+    return 1;
+  }
+  std::fprintf(stderr, "%s: stopped\n", cmd.c_str());
+  return 0;
 }
 
 }  // namespace serval::cli

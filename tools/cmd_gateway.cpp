@@ -26,16 +26,6 @@ namespace serval::cli {
 
 namespace {
 
-sigset_t block_signals() {
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-  return sigs;
-}
-
 int cmd_hash_key(int argc, char** argv) {
   const std::string cmd = "serval gateway hash-key";
   CLI::App app{"Prints the SHA-256 of an API key (for admin_key_sha256 and [[keys]] sha256 in gateway.toml)", cmd};
@@ -59,7 +49,7 @@ int cmd_stub(int argc, char** argv) {
   app.add_option("--threads", threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   app.add_option("--tokens", tokens, "completion tokens per answer")->check(CLI::Range(0, 100000));
   if (auto rc = parse(app, argc, argv)) return *rc;
-  sigset_t sigs = block_signals();
+  sigset_t sigs = block_stop_signals();
   auto stub = gateway::StubUpstream::start(host, (uint16_t)port, model, threads);
   if (!stub) return fail(cmd, stub.status().message(), 1);
   (*stub)->behaviour().completion_tokens = tokens;
@@ -174,7 +164,7 @@ int cmd_gateway(int argc, char** argv) {
     return 0;
   }
 
-  sigset_t sigs = block_signals();
+  sigset_t sigs = block_stop_signals();
   const double drain_timeout = cfg->drain_timeout_s;
   http::HttpServerConfig hc;
   hc.host = cfg->host;
@@ -225,12 +215,7 @@ int cmd_gateway(int argc, char** argv) {
   g->stop();
   server->reset();
   gw->reset();
-  if (left > 0) {
-    std::fprintf(stderr, "serval gateway: stopped with %zu requests unfinished\n", left);
-    return 1;
-  }
-  std::fprintf(stderr, "serval gateway: stopped\n");
-  return 0;
+  return stopped_status(cmd, left);
 }
 
 }  // namespace serval::cli

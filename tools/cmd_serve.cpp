@@ -271,12 +271,7 @@ int cmd_serve(int argc, char** argv) {
   }
 
   // Signals go to a dedicated thread (blocked here, before any thread starts).
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t sigs = block_stop_signals();
 
   // MPI starts threads of its own: after the mask, so signals reach only the signal thread.
   if (auto rc = tp.join(cmd)) return *rc;
@@ -412,12 +407,7 @@ int cmd_serve(int argc, char** argv) {
   http_server->reset();
   api->reset();
   engine->reset();
-  if (left > 0) {
-    std::fprintf(stderr, "serval serve: stopped with %zu requests unfinished\n", left);
-    return 1;
-  }
-  std::fprintf(stderr, "serval serve: stopped\n");
-  return 0;
+  return stopped_status(cmd, left);
 }
 
 }  // namespace serval::cli
