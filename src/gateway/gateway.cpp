@@ -818,7 +818,12 @@ struct Gateway::Impl {
         tried.push_back(&r);
         if (!r.admit(now)) {
           --att;  // a half-open trial is taken: try another replica without counting an attempt
-          if (tried.size() > ptrs.size() * 2) break;
+          if (tried.size() > ptrs.size() * 2) {
+            last.message = "no available upstream for model '" + p.route->name + "' (circuit half-open, its trial in flight)";
+            last.status = 503;
+            last.error_body.clear();
+            break;
+          }
           continue;
         }
         if (attempts_total++ > 0) retries_total.with({{"model", p.route->name}}).inc();

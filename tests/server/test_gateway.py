@@ -339,6 +339,13 @@ def drains_on_sigterm_and_refuses_bad_configs(_):
     p = subprocess.run([Config.serval, "gateway", "--config", "/nonexistent.toml"], capture_output=True, text=True)
     eq(p.returncode, 2, "missing config file")
     check("cannot open gateway config '/nonexistent.toml'" in p.stderr, p.stderr)
+    # Bad flags of the helpers: one line, status 2.
+    for args, want in ((["gateway"], "--config is required"),
+                       (["gateway", "bench", "--url", "ftp://x"], "expected a URL http://host:port"),
+                       (["gateway", "stub", "--port", "99999"], "not in range"),
+                       (["gateway", "hash-key", ""], "the key is empty")):
+        p = subprocess.run([Config.serval, *args], capture_output=True, text=True)
+        check(p.returncode == 2 and want in p.stderr and p.stderr.count("\n") == 1, f"{args}: {p.returncode} {p.stderr!r}")
 
 
 if __name__ == "__main__":
