@@ -20,6 +20,7 @@
 #include "gateway/key_limits.h"
 #include "gateway/ledger.h"
 #include "gateway/router.h"
+#include "server/anthropic_api.h"
 #include "server/metrics.h"
 #include "server/tracing.h"
 
@@ -92,6 +93,27 @@ class Workers {
 // A model's replicas. Static pools never change; a DNS-discovered pool is
 // reconciled by the health thread (replicas come and go), so readers take a
 // snapshot: a replica removed while a request uses it lives until that request ends.
+// The gateway's own error answers on Anthropic's routes in Anthropic's shape
+// (upstream answers pass through the inner channel untouched).
+class AnthropicErrors final : public http::ResponseChannel {
+ public:
+  explicit AnthropicErrors(std::shared_ptr<http::ResponseChannel> inner) : inner_(std::move(inner)) {}
+  void send(int status, std::string content_type, std::string body, http::Headers extra) override {
+    if (status >= 400) body = server::anthropic_error_body(status, body);
+    inner_->send(status, std::move(content_type), std::move(body), std::move(extra));
+  }
+  void start_stream(int status, std::string content_type, http::Headers extra) override {
+    inner_->start_stream(status, std::move(content_type), std::move(extra));
+  }
+  void write(std::string data) override { inner_->write(std::move(data)); }
+  void end() override { inner_->end(); }
+  void on_disconnect(std::function<void()> fn) override { inner_->on_disconnect(std::move(fn)); }
+  bool disconnected() const override { return inner_->disconnected(); }
+
+ private:
+  std::shared_ptr<http::ResponseChannel> inner_;
+};
+
 struct ModelPool {
   const ModelRoute* route = nullptr;
   std::atomic<uint64_t> rr{0};
@@ -129,6 +151,34 @@ std::vector<Replica*> raw(const std::vector<std::shared_ptr<Replica>>& v) {
   return out;
 }
 
+// The APIs the gateway proxies. OpenAI's chat and completions stream bare
+// `data:` events ending in [DONE]; Anthropic's Messages and OpenAI's Responses
+// stream named events (`event:` lines) and always carry usage.
+enum class Api { completions, chat, embeddings, messages, responses };
+
+Api api_of(const std::string& path) {
+  if (path == "/v1/chat/completions") return Api::chat;
+  if (path == "/v1/embeddings") return Api::embeddings;
+  if (path.rfind("/v1/messages", 0) == 0) return Api::messages;
+  if (path == "/v1/responses") return Api::responses;
+  return Api::completions;
+}
+
+// A named event that comes before any output (held back until output starts).
+bool is_named_preamble(Api api, std::string_view event) {
+  if (api == Api::messages) return event == "message_start" || event == "content_block_start" || event == "ping";
+  if (api == Api::responses)
+    return event == "response.created" || event == "response.in_progress" || event == "response.output_item.added" ||
+           event == "response.content_part.added";
+  return false;
+}
+
+// The named event that ends a complete stream.
+bool is_named_end(Api api, std::string_view event) {
+  if (api == Api::messages) return event == "message_stop";
+  return event == "response.completed" || event == "response.incomplete" || event == "response.failed";
+}
+
 // The text routing keys on: what the replica's prefix cache will see first.
 std::string prompt_text(const json& body) {
   std::string out;
@@ -139,7 +189,19 @@ std::string prompt_text(const json& body) {
         if (part.is_object())
           if (auto t = part.find("text"); t != part.end() && t->is_string()) out += t->get_ref<const std::string&>();
   };
-  if (auto msgs = body.find("messages"); msgs != body.end() && msgs->is_array()) {
+  // Anthropic's system prompt and the Responses API's instructions come first.
+  for (const char* field : {"system", "instructions"})
+    if (auto sys = body.find(field); sys != body.end()) {
+      add_content(*sys);
+      out += '\n';
+    }
+  auto msgs = body.find("messages");
+  if (msgs == body.end() || !msgs->is_array()) {
+    // The Responses API's input may be a list of messages too.
+    auto in = body.find("input");
+    if (in != body.end() && in->is_array() && !in->empty() && (*in)[0].is_object()) msgs = in;
+  }
+  if (msgs != body.end() && msgs->is_array()) {
     for (const auto& msg : *msgs) {
       if (!msg.is_object()) continue;
       if (auto r = msg.find("role"); r != msg.end() && r->is_string()) out += r->get_ref<const std::string&>();
@@ -168,11 +230,23 @@ std::string prompt_text(const json& body) {
   return out;
 }
 
+// Usage in any of the proxied APIs' shapes: OpenAI's prompt/completion_tokens,
+// Anthropic's and the Responses API's input/output_tokens; at the top level or
+// inside `message` (message_start) or `response` (response.completed).
 void read_usage(const json& j, int64_t* prompt, int64_t* completion) {
-  auto u = j.find("usage");
-  if (u == j.end() || !u->is_object()) return;
-  if (auto p = u->find("prompt_tokens"); p != u->end() && p->is_number_integer()) *prompt = p->get<int64_t>();
-  if (auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer()) *completion = c->get<int64_t>();
+  const json* holder = &j;
+  for (const char* inner : {"message", "response"})
+    if (auto m = j.find(inner); m != j.end() && m->is_object() && m->contains("usage")) holder = &*m;
+  auto u = holder->find("usage");
+  if (u == holder->end() || !u->is_object()) return;
+  for (const char* k : {"prompt_tokens", "input_tokens"})
+    if (auto p = u->find(k); p != u->end() && p->is_number_integer()) *prompt = p->get<int64_t>();
+  // Anthropic counts prompt tokens served from or written to its cache apart from input_tokens.
+  if (u->contains("input_tokens"))
+    for (const char* k : {"cache_read_input_tokens", "cache_creation_input_tokens"})
+      if (auto p = u->find(k); p != u->end() && p->is_number_integer() && *prompt >= 0) *prompt += p->get<int64_t>();
+  for (const char* k : {"completion_tokens", "output_tokens"})
+    if (auto c = u->find(k); c != u->end() && c->is_number_integer()) *completion = c->get<int64_t>();
 }
 
 // An SSE event that carries no output yet: a chat delta with only a role (or
@@ -202,10 +276,15 @@ bool is_preamble(std::string_view data) {
   return true;
 }
 
-// One SSE event carrying `data` (a data: field per line of it).
-std::string sse_event(std::string_view data) {
+// One SSE event carrying `data` (a data: field per line of it), named when `event` is not empty.
+std::string sse_event(std::string_view data, std::string_view event = {}) {
   std::string ev;
-  ev.reserve(data.size() + 8);
+  ev.reserve(data.size() + event.size() + 16);
+  if (!event.empty()) {
+    ev += "event: ";
+    ev += event;
+    ev += '\n';
+  }
   size_t pos = 0;
   for (;;) {
     const size_t nl = data.find('\n', pos);
@@ -564,6 +643,8 @@ struct Gateway::Impl {
     Caller caller;
     json body;
     bool stream = false, client_usage = false;
+    Api api = Api::completions;
+    std::shared_ptr<http::ResponseChannel> err_ch;  // the gateway's own errors, in the route's error shape
     int pool = 0;
     std::vector<uint64_t> hashes;
     tracing::TraceContext trace;
@@ -587,7 +668,7 @@ struct Gateway::Impl {
     Attempt a;
     json body = c.body;
     body["model"] = p.upstream_model();
-    if (c.stream) {
+    if (c.stream && (c.api == Api::chat || c.api == Api::completions)) {
       json so = body.value("stream_options", json::object());
       if (!so.is_object()) so = json::object();
       so["include_usage"] = true;
@@ -635,7 +716,29 @@ struct Gateway::Impl {
       for (auto& ev : pending) c.ch->write(std::move(ev));
       pending.clear();
     };
-    auto on_event = [&](std::string_view data) {
+    const bool named = c.api == Api::messages || c.api == Api::responses;
+    auto on_event = [&](std::string_view event, std::string_view data) {
+      if (named) {
+        // Forwarded as they come (usage read on the way); output commits the stream.
+        if (!committed && is_named_preamble(c.api, event)) {
+          pending.push_back(sse_event(data, event));
+        } else {
+          if (!committed) commit();
+          c.ch->write(sse_event(data, event));
+        }
+        if (is_named_end(c.api, event)) done = true;
+        if (event == "content_block_delta" || event == "response.output_text.delta") ++content_events;
+        if (data.find("\"usage\"") != std::string_view::npos) {
+          json j = json::parse(data, nullptr, false);
+          if (j.is_object()) {
+            int64_t pt = -1, ct = -1;
+            read_usage(j, &pt, &ct);
+            if (pt >= 0) a.prompt_tokens = pt;
+            if (ct >= 0) a.completion_tokens = ct, a.counted = true;
+          }
+        }
+        return;
+      }
       if (!committed) {
         if (data != "[DONE]" && is_preamble(data)) {
           pending.push_back(sse_event(data));
@@ -709,7 +812,7 @@ struct Gateway::Impl {
           if (!committed) commit();
           if (!done) {
             // A 200 stream that ended without [DONE]: the upstream gave up mid-way.
-            stream_error(c, p, "the upstream " + r.url() + " ended the stream without [DONE]");
+            stream_error(c, p, "the upstream " + r.url() + " ended the stream before its end");
           }
           c.ch->end();
           if (!a.counted) a.completion_tokens = content_events, a.counted = true;
@@ -766,8 +869,16 @@ struct Gateway::Impl {
 
   void stream_error(Ctx& c, ModelPool& p, const std::string& msg) {
     stream_errors_total.with({{"model", p.route->name}}).inc();
-    json e = {{"error", {{"message", msg}, {"type", "upstream_error"}, {"code", "upstream_stream_broken"}}}};
-    c.ch->write("data: " + e.dump() + "\n\n");
+    if (c.api == Api::messages) {  // Anthropic's error event
+      json e = {{"type", "error"}, {"error", {{"type", "api_error"}, {"message", msg}}}};
+      c.ch->write(sse_event(e.dump(), "error"));
+    } else if (c.api == Api::responses) {  // the Responses API's error event
+      json e = {{"type", "error"}, {"code", "upstream_stream_broken"}, {"message", msg}, {"param", nullptr}};
+      c.ch->write(sse_event(e.dump(), "error"));
+    } else {
+      json e = {{"error", {{"message", msg}, {"type", "upstream_error"}, {"code", "upstream_stream_broken"}}}};
+      c.ch->write("data: " + e.dump() + "\n\n");
+    }
   }
 
   void proxy(Ctx& c) {
@@ -864,7 +975,7 @@ struct Gateway::Impl {
         const std::string code = st == 503 ? "no_upstream" : st == 504 ? "timeout" : "upstream_error";
         http::Headers extra{{"x-request-id", c.id}};
         if (st == 503) extra.emplace_back("retry-after", "1");
-        c.ch->send(st, "application/json", Gateway::error_body(st, last.message, code), std::move(extra));
+        c.err_ch->send(st, "application/json", Gateway::error_body(st, last.message, code), std::move(extra));
       }
       last.counted = false;
     }
@@ -904,7 +1015,9 @@ struct Gateway::Impl {
     --inflight;
   }
 
-  void handle_proxy(http::HttpRequest&& req, std::shared_ptr<http::ResponseChannel> ch, Caller caller) {
+  // ch: the client's channel; err: the same, shaping the gateway's own errors for the route.
+  void handle_proxy(http::HttpRequest&& req, std::shared_ptr<http::ResponseChannel> raw,
+                    std::shared_ptr<http::ResponseChannel> ch, Caller caller) {
     if (draining.load()) return reply_error(*ch, 503, "the gateway is shutting down", "unavailable", "draining", {{"retry-after", "1"}});
     if (json_nesting_depth(req.body) > kMaxJsonDepth) return reply_error(*ch, 400, "JSON nested deeper than 64 levels", "invalid_json", "bad_request");
     json body = json::parse(req.body, nullptr, false);
@@ -921,7 +1034,8 @@ struct Gateway::Impl {
       if (!s->is_boolean()) return reply_error(*ch, 400, "stream: expected a boolean", "invalid_value", "bad_request");
       stream = s->get<bool>();
     }
-    if (stream && req.path == "/v1/embeddings") return reply_error(*ch, 400, "stream: embeddings do not stream", "invalid_value", "bad_request");
+    if (stream && (req.path == "/v1/embeddings" || req.path == "/v1/messages/count_tokens"))
+      return reply_error(*ch, 400, "stream: " + req.path + " does not stream", "invalid_value", "bad_request");
     bool client_usage = false;
     if (auto so = body.find("stream_options"); so != body.end() && so->is_object())
       if (auto iu = so->find("include_usage"); iu != so->end() && iu->is_boolean()) client_usage = iu->get<bool>();
@@ -957,6 +1071,9 @@ struct Gateway::Impl {
     c->caller = caller;
     c->stream = stream;
     c->client_usage = client_usage;
+    c->api = api_of(req.path);
+    c->err_ch = ch;
+    ch = raw;
     c->pool = it->second;
     c->hashes = prefix_chunk_hashes(prompt_text(body), cfg.chunk_chars);
     c->body = std::move(body);
@@ -979,12 +1096,14 @@ struct Gateway::Impl {
       }
       --inflight;
       if (c->caller.key) finish_key(*c->caller.key, 0, now);
-      reply_error(*ch, 503, "the gateway has max_inflight (" + std::to_string(cfg.max_inflight) + ") requests in flight",
+      reply_error(*c->err_ch, 503, "the gateway has max_inflight (" + std::to_string(cfg.max_inflight) + ") requests in flight",
                   "overloaded", "overloaded", {{"retry-after", "1"}});
     }
   }
 
-  void handle(http::HttpRequest&& req, std::shared_ptr<http::ResponseChannel> ch) {
+  void handle(http::HttpRequest&& req, std::shared_ptr<http::ResponseChannel> raw) {
+    const bool anthropic = req.path.rfind("/v1/messages", 0) == 0;
+    std::shared_ptr<http::ResponseChannel> ch = anthropic ? std::make_shared<AnthropicErrors>(raw) : raw;
     if (req.method == "GET" && req.path == "/health") return ch->send(200, "application/json", R"({"status":"ok"})");
     if (req.method == "GET" && req.path == "/ready") {
       const auto now = Clock::now();
@@ -1005,9 +1124,10 @@ struct Gateway::Impl {
       if (req.method != "GET") return reply_error(*ch, 405, "use GET /v1/models", "method_not_allowed", "bad_request");
       return models(*ch);
     }
-    if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/embeddings") {
+    if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/embeddings" ||
+        req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens" || req.path == "/v1/responses") {
       if (req.method != "POST") return reply_error(*ch, 405, "use POST " + req.path, "method_not_allowed", "bad_request");
-      return handle_proxy(std::move(req), std::move(ch), std::move(caller));
+      return handle_proxy(std::move(req), std::move(raw), std::move(ch), std::move(caller));
     }
     reply_error(*ch, 404, "no route " + req.method + " " + req.path, "not_found", "not_found");
   }

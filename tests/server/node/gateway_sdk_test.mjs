@@ -10,6 +10,7 @@
 //   SERVAL_GOLDEN          ../shared/golden/stories260K-greedy.json
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { run, test } from './runner.mjs';
 
@@ -19,6 +20,16 @@ const gold = golden.cases[0];
 const gw = new OpenAI({ baseURL: process.env.SERVAL_GATEWAY_URL, apiKey: process.env.SERVAL_GATEWAY_KEY, maxRetries: 0, timeout: 60_000 });
 const direct = new OpenAI({ baseURL: process.env.SERVAL_BASE_URL, apiKey: process.env.SERVAL_API_KEY, maxRetries: 0, timeout: 60_000 });
 const MSGS = [{ role: 'user', content: 'Tell me a story about a cat.' }];
+const root = (u) => u.replace(/\/v1$/, '');
+const anth = new Anthropic({ baseURL: root(process.env.SERVAL_GATEWAY_URL), apiKey: process.env.SERVAL_GATEWAY_KEY, maxRetries: 0 });
+const anthDirect = new Anthropic({ baseURL: root(process.env.SERVAL_BASE_URL), apiKey: process.env.SERVAL_API_KEY, maxRetries: 0 });
+
+async function usageTotals() {
+  const r = await fetch(`${process.env.SERVAL_GATEWAY_URL}/gateway/usage?key=sdk`,
+    { headers: { Authorization: `Bearer ${process.env.SERVAL_GATEWAY_ADMIN}` } });
+  return (await r.json()).total;
+}
+const settle = () => new Promise((res) => setTimeout(res, 80));
 
 test('models.list through the gateway', async () => {
   const ids = [];
@@ -86,6 +97,51 @@ test('embeddings through the gateway', async () => {
   const r = await gw.embeddings.create({ model: process.env.SERVAL_EMBED_MODEL_ID, input: ['a cat', 'a dog'] });
   assert.equal(r.data.length, 2);
   assert.ok(r.data[0].embedding.length > 0);
+});
+
+test('Anthropic Messages through the gateway (Anthropic SDK): equal to the replica, streamed too, usage in the ledger', async () => {
+  const body = { model, max_tokens: 24, temperature: 0, system: 'You tell short stories.',
+                 messages: [{ role: 'user', content: 'Tell me a story about a cat.' }] };
+  const want = await anthDirect.messages.create(body);
+  const before = await usageTotals();
+  const got = await anth.messages.create(body);
+  assert.deepEqual(got.content, want.content);
+  assert.deepEqual(got.usage, want.usage);
+  const stream = anth.messages.stream(body);
+  let deltas = '';
+  stream.on('text', (t) => { deltas += t; });
+  const final = await stream.finalMessage();
+  assert.deepEqual(final.content, want.content);
+  assert.equal(deltas, want.content[0].text);
+  assert.equal(final.usage.output_tokens, want.usage.output_tokens);
+  await settle();
+  const after = await usageTotals();
+  // The ledger counts every prompt token, cached or not (Anthropic reports cache reads apart).
+  const prompt = (u) => u.input_tokens + (u.cache_read_input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0);
+  const seen = JSON.stringify({ before, after, got: got.usage, streamed: final.usage });
+  assert.equal(after.requests - before.requests, 2, seen);
+  assert.equal(after.completion_tokens - before.completion_tokens, got.usage.output_tokens + final.usage.output_tokens, seen);
+  assert.equal(after.prompt_tokens - before.prompt_tokens, prompt(got.usage) + prompt(final.usage), seen);
+  assert.equal(prompt(got.usage), prompt(want.usage), 'the same prompt as the replica counted directly');
+  // The gateway's own errors on this route come in Anthropic's shape.
+  await assert.rejects(anth.messages.create({ ...body, model: 'no-such-model' }),
+    (e) => e instanceof Anthropic.NotFoundError && e.error?.type === 'error' && e.error?.error?.type === 'not_found_error');
+});
+
+test('Responses API through the gateway: equal to the replica, streamed too', async () => {
+  const body = { model, instructions: 'Be brief.', input: 'Tell me a story about a cat.', max_output_tokens: 20, temperature: 0 };
+  const want = await direct.responses.create(body);
+  const got = await gw.responses.create(body);
+  assert.equal(got.output_text, want.output_text);
+  assert.deepEqual(got.usage, want.usage);
+  const s = await gw.responses.create({ ...body, stream: true });
+  let text = '', final = null;
+  for await (const ev of s) {
+    if (ev.type === 'response.output_text.delta') text += ev.delta;
+    if (ev.type === 'response.completed' || ev.type === 'response.incomplete') final = ev.response;
+  }
+  assert.equal(text, want.output_text);
+  assert.equal(final?.usage?.output_tokens, want.usage.output_tokens);
 });
 
 test('errors map to the SDK classes: 404, 401, 403', async () => {
