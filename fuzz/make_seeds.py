@@ -184,6 +184,10 @@ def main():
           + req("DELETE", "/v1/gateway/keys/x", key=admin) + req("GET", "/v1/gateway/keys", key=admin)
           + req("GET", "/v1/models"))
     write("gateway", "probes", req("GET", "/health") + req("GET", "/ready") + req("GET", "/metrics"))
+    write("gateway", "anthropic_and_responses", req("POST", "/v1/messages", {
+        "model": "m", "max_tokens": 3, "system": [{"type": "text", "text": "s"}], "stream": True,
+        "messages": [{"role": "user", "content": "hi"}]}, user)
+          + req("POST", "/v1/responses", {"model": "a", "instructions": "x", "input": [{"role": "user", "content": "hi"}]}, user))
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}})
     chat = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
                        "body": {"messages": [{"role": "user", "content": "hi"}]}})
