@@ -21,6 +21,7 @@
 #include "gateway/ledger.h"
 #include "gateway/router.h"
 #include "server/anthropic_api.h"
+#include "server/api_translation.h"
 #include "server/metrics.h"
 #include "server/tracing.h"
 
@@ -93,27 +94,6 @@ class Workers {
 // A model's replicas. Static pools never change; a DNS-discovered pool is
 // reconciled by the health thread (replicas come and go), so readers take a
 // snapshot: a replica removed while a request uses it lives until that request ends.
-// The gateway's own error answers on Anthropic's routes in Anthropic's shape
-// (upstream answers pass through the inner channel untouched).
-class AnthropicErrors final : public http::ResponseChannel {
- public:
-  explicit AnthropicErrors(std::shared_ptr<http::ResponseChannel> inner) : inner_(std::move(inner)) {}
-  void send(int status, std::string content_type, std::string body, http::Headers extra) override {
-    if (status >= 400) body = server::anthropic_error_body(status, body);
-    inner_->send(status, std::move(content_type), std::move(body), std::move(extra));
-  }
-  void start_stream(int status, std::string content_type, http::Headers extra) override {
-    inner_->start_stream(status, std::move(content_type), std::move(extra));
-  }
-  void write(std::string data) override { inner_->write(std::move(data)); }
-  void end() override { inner_->end(); }
-  void on_disconnect(std::function<void()> fn) override { inner_->on_disconnect(std::move(fn)); }
-  bool disconnected() const override { return inner_->disconnected(); }
-
- private:
-  std::shared_ptr<http::ResponseChannel> inner_;
-};
-
 struct ModelPool {
   const ModelRoute* route = nullptr;
   std::atomic<uint64_t> rr{0};
@@ -717,6 +697,19 @@ struct Gateway::Impl {
       pending.clear();
     };
     const bool named = c.api == Api::messages || c.api == Api::responses;
+    // The usage an event carries, into `a`; the parsed event (discarded when it has none).
+    auto take_usage = [&](std::string_view data) {
+      json j;
+      if (data.find("\"usage\"") == std::string_view::npos) return json(json::value_t::discarded);
+      j = json::parse(data, nullptr, false);
+      if (j.is_object()) {
+        int64_t pt = -1, ct = -1;
+        read_usage(j, &pt, &ct);
+        if (pt >= 0) a.prompt_tokens = pt;
+        if (ct >= 0) a.completion_tokens = ct, a.counted = true;
+      }
+      return j;
+    };
     auto on_event = [&](std::string_view event, std::string_view data) {
       if (named) {
         // Forwarded as they come (usage read on the way); output commits the stream.
@@ -728,15 +721,7 @@ struct Gateway::Impl {
         }
         if (is_named_end(c.api, event)) done = true;
         if (event == "content_block_delta" || event == "response.output_text.delta") ++content_events;
-        if (data.find("\"usage\"") != std::string_view::npos) {
-          json j = json::parse(data, nullptr, false);
-          if (j.is_object()) {
-            int64_t pt = -1, ct = -1;
-            read_usage(j, &pt, &ct);
-            if (pt >= 0) a.prompt_tokens = pt;
-            if (ct >= 0) a.completion_tokens = ct, a.counted = true;
-          }
-        }
+        take_usage(data);
         return;
       }
       if (!committed) {
@@ -752,24 +737,16 @@ struct Gateway::Impl {
         return;
       }
       bool forward = true;
-      if (data.find("\"usage\"") != std::string_view::npos) {
-        json j = json::parse(data, nullptr, false);
-        if (j.is_object()) {
-          int64_t pt = -1, ct = -1;
-          read_usage(j, &pt, &ct);
-          if (pt >= 0) a.prompt_tokens = pt;
-          if (ct >= 0) {
-            a.completion_tokens = ct;
-            a.counted = true;
-          }
-          auto ch = j.find("choices");
-          if (!c.client_usage && ch != j.end() && ch->is_array() && ch->empty()) forward = false;
-          else if (!c.client_usage && j.contains("usage") && !j["usage"].is_null()) {
-            j.erase("usage");
-            c.ch->write("data: " + j.dump() + "\n\n");
-            forward = false;
-            ++content_events;
-          }
+      json j = take_usage(data);
+      if (j.is_object()) {
+        // The gateway asked for usage for its ledger: the client gets it only if it asked too.
+        auto ch = j.find("choices");
+        if (!c.client_usage && ch != j.end() && ch->is_array() && ch->empty()) forward = false;
+        else if (!c.client_usage && j.contains("usage") && !j["usage"].is_null()) {
+          j.erase("usage");
+          c.ch->write("data: " + j.dump() + "\n\n");
+          forward = false;
+          ++content_events;
         }
       } else {
         ++content_events;
@@ -1103,7 +1080,9 @@ struct Gateway::Impl {
 
   void handle(http::HttpRequest&& req, std::shared_ptr<http::ResponseChannel> raw) {
     const bool anthropic = req.path.rfind("/v1/messages", 0) == 0;
-    std::shared_ptr<http::ResponseChannel> ch = anthropic ? std::make_shared<AnthropicErrors>(raw) : raw;
+    // The gateway's own errors on Anthropic's routes in Anthropic's shape (upstream answers pass through `raw`).
+    std::shared_ptr<http::ResponseChannel> ch =
+        anthropic ? std::make_shared<server::ErrorShapeChannel>(raw, &server::anthropic_error_body) : raw;
     if (req.method == "GET" && req.path == "/health") return ch->send(200, "application/json", R"({"status":"ok"})");
     if (req.method == "GET" && req.path == "/ready") {
       const auto now = Clock::now();
