@@ -6,8 +6,12 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <functional>
+#include <memory>
+#include <thread>
 #include <fstream>
 #include <sstream>
 #include <optional>
@@ -59,6 +63,40 @@ inline sigset_t block_stop_signals() {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
   return sigs;
+}
+
+// What a server does when SIGINT or SIGTERM arrives (drain_on_signal).
+struct DrainHooks {
+  std::function<size_t()> in_flight;  // requests still running
+  std::function<void()> begin;        // stop taking new work (answer 503, stop accepting)
+  std::function<void()> cancel;       // abort what still runs (may be empty)
+  std::function<void()> stop;         // stop the HTTP server: its run() returns
+};
+
+// A thread that waits for the first stop signal in `sigs`, then begins the
+// drain and lets the requests in flight finish for up to timeout_s before
+// cancelling what is left and stopping. A second signal stops at once.
+inline std::thread drain_on_signal(sigset_t sigs, std::string cmd, double timeout_s, DrainHooks hooks) {
+  auto h = std::make_shared<DrainHooks>(std::move(hooks));
+  return std::thread([sigs, cmd = std::move(cmd), timeout_s, h] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    std::fprintf(stderr, "%s: signal %d: draining (%zu requests in flight, up to %.0f s)\n", cmd.c_str(), sig, h->in_flight(),
+                 timeout_s);
+    h->begin();
+    std::thread([sigs, h] {
+      int s2 = 0;
+      sigwait(&sigs, &s2);
+      if (h->cancel) h->cancel();
+      h->stop();
+    }).detach();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds((int64_t)(timeout_s * 1000));
+    while (h->in_flight() > 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (h->cancel) h->cancel();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the last responses flush
+    h->stop();
+  });
 }
 
 // A server's last line and exit status: 0 when nothing was left unfinished.

@@ -182,27 +182,10 @@ int cmd_gateway(int argc, char** argv) {
   http::HttpServer* hs = server->get();
   g->start();
 
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    std::fprintf(stderr, "serval gateway: signal %d: draining (%zu requests in flight, up to %.0f s)\n", sig, g->in_flight(),
-                 drain_timeout);
-    g->begin_drain();
-    hs->stop_accepting();
-    std::thread second([&] {
-      int s2 = 0;
-      sigwait(&sigs, &s2);
-      g->cancel_all();
-      hs->stop();
-    });
-    second.detach();
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds((int64_t)(drain_timeout * 1000));
-    while (g->in_flight() > 0 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    g->cancel_all();
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    hs->stop();
-  });
+  std::thread signal_thread = drain_on_signal(
+      sigs, cmd, drain_timeout,
+      {[g] { return g->in_flight(); }, [g, hs] { g->begin_drain(), hs->stop_accepting(); }, [g] { g->cancel_all(); },
+       [hs] { hs->stop(); }});
   const auto& c = g->config();
   size_t n_up = 0;
   for (const auto& m : c.models) n_up += m.upstreams.size();

@@ -362,28 +362,16 @@ int cmd_serve(int argc, char** argv) {
   if (!http_server.ok()) return fail(cmd, http_server.status().message(), 1);
   http::HttpServer* hs = http_server->get();
 
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    std::fprintf(stderr, "serval serve: signal %d: draining (%zu requests in flight, up to %.0f s)\n", sig,
-                 api_raw->in_flight(), drain_timeout);
-    api_raw->begin_drain();
-    // Batch lines in flight are cancelled, not waited for: uncommitted, they run again after a restart.
-    if (batch_runner) batch_runner->stop();
-    // A second signal stops at once.
-    std::thread second([&] {
-      int s2 = 0;
-      sigwait(&sigs, &s2);
-      hs->stop();
-    });
-    second.detach();
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds((int64_t)(drain_timeout * 1000));
-    while (api_raw->in_flight() > 0 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    // Let the last responses flush.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    hs->stop();
-  });
+  // Batch lines in flight are cancelled, not waited for: uncommitted, they run again after a restart.
+  server::BatchRunner* const batches = batch_runner.get();
+  std::thread signal_thread = drain_on_signal(
+      sigs, cmd, drain_timeout,
+      {[api_raw] { return api_raw->in_flight(); },
+       [api_raw, batches] {
+         api_raw->begin_drain();
+         if (batches) batches->stop();
+       },
+       {}, [hs] { hs->stop(); }});
   const EngineInfo info = (*engine)->info();
   if (info.generates) log_kv_cache(cmd, **engine);
   if (info.pooling != Pooling::none)

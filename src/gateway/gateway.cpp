@@ -1052,7 +1052,8 @@ struct Gateway::Impl {
     c->err_ch = ch;
     ch = raw;
     c->pool = it->second;
-    c->hashes = prefix_chunk_hashes(prompt_text(body), cfg.chunk_chars);
+    // Only cache-aware routing reads the prompt's prefix keys.
+    if (cfg.policy == Policy::cache_aware) c->hashes = prefix_chunk_hashes(prompt_text(body), cfg.chunk_chars);
     c->body = std::move(body);
     if (auto tp = tracing::parse_traceparent(req.header("traceparent"))) c->trace = *tp;
     else c->trace.trace_id = tracing::random_trace_id();

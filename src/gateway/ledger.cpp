@@ -115,28 +115,26 @@ void Ledger::writer_loop() {
     lk.unlock();
     exec("BEGIN");
     {
+      // Both statements take the record as ?1..?7 (id, key, model, day, prompt, completion, spend).
       Stmt ins(db_, "INSERT OR IGNORE INTO requests VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
       Stmt up(db_,
-              "INSERT INTO usage VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6) ON CONFLICT (key, model, day) DO UPDATE SET "
-              "requests = requests + 1, prompt_tokens = prompt_tokens + ?4, completion_tokens = completion_tokens + ?5, "
-              "spend = spend + ?6");
+              "INSERT INTO usage VALUES (?2, ?3, ?4, 1, ?5, ?6, ?7) ON CONFLICT (key, model, day) DO UPDATE SET "
+              "requests = requests + 1, prompt_tokens = prompt_tokens + ?5, completion_tokens = completion_tokens + ?6, "
+              "spend = spend + ?7");
+      auto bind = [](Stmt& st, const UsageRecord& r) {
+        sqlite3_reset(st.s);
+        st.text(1, r.request_id);
+        st.text(2, r.key);
+        st.text(3, r.model);
+        st.text(4, r.day);
+        st.i64(5, r.prompt_tokens);
+        st.i64(6, r.completion_tokens);
+        st.dbl(7, r.spend);
+      };
       for (const auto& r : batch) {
-        sqlite3_reset(ins.s);
-        ins.text(1, r.request_id);
-        ins.text(2, r.key);
-        ins.text(3, r.model);
-        ins.text(4, r.day);
-        ins.i64(5, r.prompt_tokens);
-        ins.i64(6, r.completion_tokens);
-        ins.dbl(7, r.spend);
+        bind(ins, r);
         if (sqlite3_step(ins.s) != SQLITE_DONE || sqlite3_changes(db_) == 0) continue;  // seen before: not again
-        sqlite3_reset(up.s);
-        up.text(1, r.key);
-        up.text(2, r.model);
-        up.text(3, r.day);
-        up.i64(4, r.prompt_tokens);
-        up.i64(5, r.completion_tokens);
-        up.dbl(6, r.spend);
+        bind(up, r);
         sqlite3_step(up.s);
       }
     }
