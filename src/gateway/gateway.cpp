@@ -642,6 +642,11 @@ struct Gateway::Impl {
     std::string message;         // why it failed
     int64_t prompt_tokens = 0, completion_tokens = 0;
     bool counted = false;        // usage known (or partial) and to be recorded
+    // The last bytes to the client (the final event and the end, or the whole
+    // answer). They go after finish() has charged the request, so a client
+    // that sends its next request the moment this one ends is judged on the
+    // spend and tokens of this one.
+    std::function<void()> reply;
   };
 
   Attempt attempt(Ctx& c, ModelPool& p, Replica& r) {
@@ -675,6 +680,7 @@ struct Gateway::Impl {
     // delta) wait in `pending`.
     bool committed = false, done = false, stopped_by_client = false, stream_ok = false;
     std::vector<std::string> pending;
+    std::string held_end;
     int status = 0;
     std::string content_type = "application/json", buf, retry_after;
     SseParser sse;
@@ -715,6 +721,9 @@ struct Gateway::Impl {
         // Forwarded as they come (usage read on the way); output commits the stream.
         if (!committed && is_named_preamble(c.api, event)) {
           pending.push_back(sse_event(data, event));
+        } else if (is_named_end(c.api, event)) {
+          if (!committed) commit();
+          held_end = sse_event(data, event);  // written by reply, after the accounting
         } else {
           if (!committed) commit();
           c.ch->write(sse_event(data, event));
@@ -733,7 +742,7 @@ struct Gateway::Impl {
       }
       if (data == "[DONE]") {
         done = true;
-        c.ch->write("data: [DONE]\n\n");
+        held_end = "data: [DONE]\n\n";  // written by reply, after the accounting
         return;
       }
       bool forward = true;
@@ -791,8 +800,11 @@ struct Gateway::Impl {
             // A 200 stream that ended without [DONE]: the upstream gave up mid-way.
             stream_error(c, p, "the upstream " + r.url() + " ended the stream before its end");
           }
-          c.ch->end();
           if (!a.counted) a.completion_tokens = content_events, a.counted = true;
+          a.reply = [&c, end = std::move(held_end)]() mutable {
+            if (!end.empty()) c.ch->write(std::move(end));
+            c.ch->end();
+          };
         } else {
           json j = json::parse(buf, nullptr, false);
           if (j.is_object()) {
@@ -802,7 +814,9 @@ struct Gateway::Impl {
             a.completion_tokens = ct;
             a.counted = true;
           }
-          c.ch->send(200, content_type, std::move(buf), {{"x-request-id", c.id}});
+          a.reply = [&c, ct = std::move(content_type), b = std::move(buf)]() mutable {
+            c.ch->send(200, ct, std::move(b), {{"x-request-id", c.id}});
+          };
         }
         return a;
       }
@@ -821,7 +835,9 @@ struct Gateway::Impl {
       } else {
         r.on_success();
         a.outcome = Outcome::delivered;
-        c.ch->send(res.status, content_type, std::move(buf), {{"x-request-id", c.id}});
+        a.reply = [&c, st = res.status, ct = std::move(content_type), b = std::move(buf)]() mutable {
+          c.ch->send(st, ct, std::move(b), {{"x-request-id", c.id}});
+        };
       }
       return a;
     }
@@ -830,7 +846,7 @@ struct Gateway::Impl {
     a.message = std::string(call_kind_name(res.kind)) + " error: " + res.error;
     if (committed) {
       stream_error(c, p, "the upstream " + r.url() + " failed mid-stream (" + res.error + ")");
-      c.ch->end();
+      a.reply = [&c] { c.ch->end(); };
       a.outcome = Outcome::delivered;
       a.status = 502;
       if (!a.counted) a.completion_tokens = content_events, a.counted = true;
@@ -945,18 +961,25 @@ struct Gateway::Impl {
       }
       if (st == 0) st = 502;
       if (!last.error_body.empty() && st >= 400 && st != 200) {
-        http::Headers extra{{"x-request-id", c.id}};
-        if (!last.retry_after.empty()) extra.emplace_back("retry-after", last.retry_after);
-        c.ch->send(st, "application/json", last.error_body, std::move(extra));
+        last.reply = [&c, st, body = std::move(last.error_body), ra = last.retry_after]() mutable {
+          http::Headers extra{{"x-request-id", c.id}};
+          if (!ra.empty()) extra.emplace_back("retry-after", ra);
+          c.ch->send(st, "application/json", std::move(body), std::move(extra));
+        };
       } else {
         const std::string code = st == 503 ? "no_upstream" : st == 504 ? "timeout" : "upstream_error";
-        http::Headers extra{{"x-request-id", c.id}};
-        if (st == 503) extra.emplace_back("retry-after", "1");
-        c.err_ch->send(st, "application/json", Gateway::error_body(st, last.message, code), std::move(extra));
+        last.reply = [&c, st, body = Gateway::error_body(st, last.message, code)]() mutable {
+          http::Headers extra{{"x-request-id", c.id}};
+          if (st == 503) extra.emplace_back("retry-after", "1");
+          c.err_ch->send(st, "application/json", std::move(body), std::move(extra));
+        };
       }
       last.counted = false;
     }
+    // Charged first, answered second: see Attempt::reply.
+    auto reply = std::move(last.reply);
     finish(c, ap, last, delivered);
+    if (reply) reply();
   }
 
   void finish(Ctx& c, ModelPool& p, const Attempt& a, bool delivered) {
