@@ -86,6 +86,7 @@ Expected<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& cfg) {
   std::unique_ptr<DiskTier> t(new DiskTier(cfg));
   SERVAL_RETURN_IF_ERROR(t->init());
   t->writer_ = std::thread([p = t.get()] { p->writer_loop(); });
+  t->reader_ = std::thread([p = t.get()] { p->reader_loop(); });
   return t;
 }
 
@@ -95,7 +96,9 @@ DiskTier::~DiskTier() {
     stop_ = true;
   }
   cv_.notify_all();
+  read_cv_.notify_all();
   if (writer_.joinable()) writer_.join();
+  if (reader_.joinable()) reader_.join();
 }
 
 size_t DiskTier::file_bytes() const {
@@ -170,7 +173,7 @@ Status DiskTier::init() {
     const Hash128 h = f.meta.hash;
     if (index_.count(h)) continue;
     lru_.push_back(h);
-    index_.emplace(h, Entry{std::move(f.meta), nullptr, std::prev(lru_.end())});
+    index_.emplace(h, Entry{std::move(f.meta), nullptr, std::prev(lru_.end()), 0, 0, nullptr});
     ++stats_.files;
     stats_.bytes += (int64_t)file_bytes();
     ++stats_.recovered;
@@ -253,6 +256,8 @@ void DiskTier::erase(std::unordered_map<Hash128, Entry, Hash128Hasher>::iterator
       done_cv_.notify_all();
     }
   }
+  if (e.staged) drop_staged(e), ++stats_.staged_drops;
+  // A read still running finds its ticket gone and gives its bytes back.
   --stats_.files;
   if (e.pins > 0) --stats_.pinned;
   stats_.bytes -= (int64_t)file_bytes();
@@ -328,7 +333,7 @@ bool DiskTier::store(const TierBlockMeta& m, const uint8_t* payload, bool blocki
     }
   }
   lru_.push_back(m.hash);
-  index_.emplace(m.hash, Entry{OwnedBlockMeta(m), image, std::prev(lru_.end()), pinned ? 1 : 0});
+  index_.emplace(m.hash, Entry{OwnedBlockMeta(m), image, std::prev(lru_.end()), pinned ? 1 : 0, 0, nullptr});
   if (pinned) ++stats_.pinned;
   ++stats_.files;
   stats_.bytes += (int64_t)fb;
@@ -338,34 +343,87 @@ bool DiskTier::store(const TierBlockMeta& m, const uint8_t* payload, bool blocki
   return true;
 }
 
+bool DiskTier::read_file(const OwnedBlockMeta& want, uint8_t* payload) const {
+  const size_t off = kHeaderBytes + (size_t)cfg_.block_size * sizeof(TokenId);
+  std::vector<uint8_t> head(off);
+  const int fd = ::open(path_of(want.hash, ".kvb").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  OwnedBlockMeta meta;
+  bool foreign = false;
+  bool ok = read_at(fd, head.data(), off, 0) == off && parse_header(head.data(), off, &meta, &foreign) &&
+            meta.names(want.view()) && read_at(fd, payload, cfg_.payload_bytes, (off_t)off) == cfg_.payload_bytes &&
+            checksum64(payload, cfg_.payload_bytes) == get64(head.data() + 88);
+  uint8_t extra;
+  ok = ok && read_at(fd, &extra, 1, (off_t)(off + cfg_.payload_bytes)) == 0;  // not longer than it should be
+  ::close(fd);
+  return ok;
+}
+
+void DiskTier::drop_staged(Entry& e) {
+  e.staged.reset();
+  e.read_ticket = 0;
+  stats_.staged_bytes -= (int64_t)cfg_.payload_bytes;
+}
+
+bool DiskTier::queue_read(const Hash128& h, Entry& e) {
+  const auto pb = (int64_t)cfg_.payload_bytes;
+  const auto cap = (int64_t)cfg_.max_staged_bytes;
+  // Room: the oldest staged copies go first (their requests came first and
+  // are likely admitted by now; one loaded after all is read synchronously).
+  while (stats_.staged_bytes + pb > cap && !staged_fifo_.empty()) {
+    const auto [oh, ot] = staged_fifo_.front();
+    staged_fifo_.pop_front();
+    auto it = index_.find(oh);
+    if (it != index_.end() && it->second.staged && it->second.read_ticket == ot) {
+      drop_staged(it->second);
+      ++stats_.staged_drops;
+    }
+  }
+  if (stats_.staged_bytes + pb > cap) return false;  // the rest is being read
+  e.read_ticket = next_ticket_++;
+  stats_.staged_bytes += pb;
+  ++stats_.prefetches;
+  reads_.push_back({h, e.read_ticket, e.meta});
+  read_cv_.notify_one();
+  return true;
+}
+
 bool DiskTier::load(const TierBlockMeta& m, uint8_t* payload) {
-  const size_t tok_bytes = (size_t)cfg_.block_size * sizeof(TokenId);
-  const size_t off = kHeaderBytes + tok_bytes;
-  std::shared_ptr<const std::vector<uint8_t>> image;
+  const size_t off = kHeaderBytes + (size_t)cfg_.block_size * sizeof(TokenId);
+  std::shared_ptr<const std::vector<uint8_t>> image, staged;
+  OwnedBlockMeta want;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
     auto it = index_.find(m.hash);
     if (it == index_.end() || !it->second.meta.names(m)) return false;
-    image = it->second.pending;
-    lru_.splice(lru_.end(), lru_, it->second.lru);
+    if (const uint64_t t = it->second.read_ticket; t && !it->second.staged) {
+      // Its background read is running: wait for it rather than read twice.
+      read_done_cv_.wait(lk, [&] {
+        auto j = index_.find(m.hash);
+        return j == index_.end() || j->second.read_ticket != t || j->second.staged;
+      });
+      it = index_.find(m.hash);
+      if (it == index_.end() || !it->second.meta.names(m)) return false;  // it failed its check (counted)
+    }
+    Entry& e = it->second;
+    image = e.pending;
+    if (e.staged) {
+      staged = e.staged;
+      drop_staged(e);
+      ++stats_.staged_loads;
+    }
+    want = e.meta;
+    lru_.splice(lru_.end(), lru_, e.lru);
+  }
+  if (staged) {  // read and checked by the reader thread
+    std::memcpy(payload, staged->data(), cfg_.payload_bytes);
+    return true;
   }
   if (image) {  // not on disk yet: the queued image is the same bytes
     std::memcpy(payload, image->data() + off, cfg_.payload_bytes);
     return true;
   }
-  std::vector<uint8_t> head(off);
-  bool ok = false;
-  if (const int fd = ::open(path_of(m.hash, ".kvb").c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
-    OwnedBlockMeta meta;
-    bool foreign = false;
-    ok = read_at(fd, head.data(), off, 0) == off && parse_header(head.data(), off, &meta, &foreign) &&
-         meta.names(m) && read_at(fd, payload, cfg_.payload_bytes, (off_t)off) == cfg_.payload_bytes &&
-         checksum64(payload, cfg_.payload_bytes) == get64(head.data() + 88);
-    uint8_t extra;
-    ok = ok && read_at(fd, &extra, 1, (off_t)(off + cfg_.payload_bytes)) == 0;  // not longer than it should be
-    ::close(fd);
-  }
-  if (ok) return true;
+  if (read_file(want, payload)) return true;
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = index_.find(m.hash); it != index_.end() && !it->second.pending) {
     erase(it);
@@ -378,12 +436,62 @@ void DiskTier::prefetch(const TierBlockMeta& m) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = index_.find(m.hash);
-    if (it == index_.end() || !it->second.meta.names(m) || it->second.pending) return;
-    ++stats_.prefetches;
+    if (it == index_.end() || !it->second.meta.names(m) || it->second.pending || it->second.read_ticket) return;
+    if (queue_read(it->first, it->second)) return;
   }
+  // No room to stage it: at least the kernel reads it ahead.
   if (const int fd = ::open(path_of(m.hash, ".kvb").c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     ::close(fd);
+  }
+}
+
+bool DiskTier::ready(const TierBlockMeta& m) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = index_.find(m.hash);
+  if (it == index_.end() || !it->second.meta.names(m)) return true;  // a miss costs nothing
+  Entry& e = it->second;
+  if (e.pending) return true;                     // its image is in memory
+  if (e.read_ticket) return e.staged != nullptr;  // being read, or read
+  return !queue_read(it->first, e);               // queued now; without room, load() reads it
+}
+
+void DiskTier::reader_loop() {
+  const size_t pb = cfg_.payload_bytes;
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    read_cv_.wait(lk, [&] { return stop_ || !reads_.empty(); });
+    if (stop_) break;
+    Read r = std::move(reads_.front());
+    reads_.pop_front();
+    lk.unlock();
+    auto buf = std::make_shared<std::vector<uint8_t>>(pb);
+    const bool ok = read_file(r.meta, buf->data());
+    lk.lock();
+    auto it = index_.find(r.hash);
+    if (it == index_.end() || it->second.read_ticket != r.ticket) {
+      stats_.staged_bytes -= (int64_t)pb;  // evicted (or replaced) while it was read
+      ++stats_.staged_drops;
+    } else if (!ok) {
+      it->second.read_ticket = 0;
+      stats_.staged_bytes -= (int64_t)pb;
+      if (!it->second.pending) {
+        erase(it);
+        ++stats_.corrupt;
+      }
+    } else {
+      it->second.staged = std::move(buf);
+      ++stats_.staged_reads;
+      staged_fifo_.emplace_back(r.hash, r.ticket);
+      // Entries consumed or dropped since stay in the FIFO until popped: prune.
+      if (staged_fifo_.size() > 2 * (cfg_.max_staged_bytes / pb) + 64) {
+        std::erase_if(staged_fifo_, [&](const auto& x) {
+          auto j = index_.find(x.first);
+          return j == index_.end() || !j->second.staged || j->second.read_ticket != x.second;
+        });
+      }
+    }
+    read_done_cv_.notify_all();
   }
 }
 

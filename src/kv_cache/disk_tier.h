@@ -20,8 +20,16 @@
 // The directory also keeps the prefix-cache hash key (`prefix-hash.key`), so
 // chain hashes stay the same across restarts (hash_key()).
 //
+// Promotion off the engine thread: prefetch() (a request has arrived) queues
+// a background read of the block's file; a reader thread reads and checks it
+// (header, token ids, payload checksum) into a staged copy in memory, so that
+// load() is a memcpy. ready() tells the scheduler whether load() would wait
+// on the disk, so a request waits only for its own blocks. Staged copies are
+// bounded (max_staged_bytes; the oldest are dropped for newer reads, and are
+// then read synchronously if they are loaded after all).
+//
 // Thread safety: every public method is called by one thread (the engine
-// loop); the writer thread is internal.
+// loop); the writer and reader threads are internal.
 #pragma once
 
 #include <condition_variable>
@@ -48,6 +56,7 @@ struct DiskTierConfig {
   int32_t block_size = 16;
   size_t payload_bytes = 0;   // KV bytes per block
   size_t max_pending_bytes = 64u << 20;  // queued writes beyond this are dropped (counted)
+  size_t max_staged_bytes = 256u << 20;  // payloads read ahead and held for load(), at most
 };
 
 class DiskTier {
@@ -62,7 +71,11 @@ class DiskTier {
     int64_t foreign = 0;        // files of another identity or format (ignored)
     int64_t recovered = 0;      // files indexed at start
     int64_t pinned = 0;         // entries holding a pin
-    int64_t prefetches = 0;     // readaheads started
+    int64_t prefetches = 0;     // background reads queued for arriving requests
+    int64_t staged_reads = 0;   // of them, read and checked into memory
+    int64_t staged_loads = 0;   // loads served from a staged copy (no disk read on the engine thread)
+    int64_t staged_drops = 0;   // staged copies dropped unused (for newer reads, or their file evicted)
+    int64_t staged_bytes = 0;   // bytes staged or being read now
   };
 
   // Creates the directory if needed, loads or makes the hash key, deletes
@@ -92,10 +105,14 @@ class DiskTier {
   // Reads and checks m's file into payload (payload_bytes). False when it is
   // not held or fails a check (then it is deleted and counted).
   bool load(const TierBlockMeta& m, uint8_t* payload);
-  // Asks the kernel to read m's file ahead (posix_fadvise WILLNEED): the
-  // read overlaps with whatever runs until load(). No-op if not held or
-  // still being written.
+  // Queues a background read of m's file into a staged copy (checked), so
+  // that load() copies from memory. No-op if not held, still being written
+  // (its image is in memory), or staged or being read already.
   void prefetch(const TierBlockMeta& m);
+  // Would load(m) return without reading the disk? False while m's background
+  // read is queued or running; a held block neither staged nor being read
+  // gets its read queued (and false). True for blocks not held (a miss).
+  bool ready(const TierBlockMeta& m);
   // Waits until every queued write is on disk.
   void drain();
   Stats stats() const;
@@ -106,6 +123,13 @@ class DiskTier {
     std::shared_ptr<const std::vector<uint8_t>> pending;  // the file image while it is being written
     std::list<Hash128>::iterator lru;
     int32_t pins = 0;
+    uint64_t read_ticket = 0;  // nonzero while a background read is queued, running or staged
+    std::shared_ptr<const std::vector<uint8_t>> staged;  // its payload, read and checked
+  };
+  struct Read {
+    Hash128 hash;
+    uint64_t ticket;
+    OwnedBlockMeta meta;
   };
   struct Job {
     Hash128 hash;
@@ -122,7 +146,13 @@ class DiskTier {
   bool evict_one();  // the least recently used unpinned entry; false if none (mu_ held)
   void erase(std::unordered_map<Hash128, Entry, Hash128Hasher>::iterator it);  // mu_ held
   void writer_loop();
-
+  void reader_loop();
+  // Queues m's read if there is room for its payload (dropping older staged
+  // copies if need be); false if not (mu_ held).
+  bool queue_read(const Hash128& h, Entry& e);
+  void drop_staged(Entry& e);  // mu_ held
+  // Reads and checks the file of `meta` (named hash) into payload.
+  bool read_file(const OwnedBlockMeta& meta, uint8_t* payload) const;
   DiskTierConfig cfg_;
   uint64_t k0_ = 0, k1_ = 0;
   mutable std::mutex mu_;
@@ -136,6 +166,13 @@ class DiskTier {
   bool stop_ = false;
   Stats stats_;
   std::thread writer_;
+  // Background reads (promotion): queued reads, staged copies oldest first.
+  std::condition_variable read_cv_;       // reader: reads or stop
+  std::condition_variable read_done_cv_;  // load(): a read finished
+  std::deque<Read> reads_;
+  std::deque<std::pair<Hash128, uint64_t>> staged_fifo_;
+  uint64_t next_ticket_ = 1;
+  std::thread reader_;
 };
 
 // A fast 64-bit checksum of bytes (not cryptographic: detects damaged files).

@@ -179,15 +179,25 @@ int64_t KvCacheManager::pin_prefix(std::span<const TokenId> tokens, const Prefix
   return static_cast<int64_t>(i) * cfg_.block_size;
 }
 
-void KvCacheManager::prefetch_prefix(std::span<const TokenId> tokens, const PrefixKey& key) const {
-  if (!tier_) return;
+template <typename F>
+void KvCacheManager::for_each_tier_block(std::span<const TokenId> tokens, const PrefixKey& key, F&& f) const {
   const Match m = match(tokens, key);
   const size_t bs = static_cast<size_t>(cfg_.block_size);
   for (size_t j = 0; j < m.tier.size(); ++j) {
     const size_t i = m.links.size() + j;
     const Hash128 parent = j ? m.tier[j - 1] : i ? m.links[i - 1].hash : Hash128{};
-    tier_->prefetch({m.tier[j], parent, key, tokens.subspan(i * bs, bs)});
+    f(TierBlockMeta{m.tier[j], parent, key, tokens.subspan(i * bs, bs)});
   }
+}
+
+void KvCacheManager::prefetch_prefix(std::span<const TokenId> tokens, const PrefixKey& key) const {
+  if (tier_) for_each_tier_block(tokens, key, [&](const TierBlockMeta& b) { tier_->prefetch(b); });
+}
+
+bool KvCacheManager::prefix_ready(std::span<const TokenId> tokens, const PrefixKey& key) const {
+  bool all = true;
+  if (tier_) for_each_tier_block(tokens, key, [&](const TierBlockMeta& b) { all = tier_->ready(b) && all; });
+  return all;
 }
 
 int64_t KvCacheManager::restore_prefix(std::span<const TokenId> tokens, const PrefixKey& key) {

@@ -123,6 +123,11 @@ class KvCacheManager {
   // blocks a hit would load from it (KvTier::prefetch), so that its disk
   // reads overlap with the steps that run before it is admitted.
   void prefetch_prefix(std::span<const TokenId> tokens, const PrefixKey& key) const;
+  // Are the tier blocks a hit on this prompt would load in memory (not
+  // still being read from disk: KvTier::ready)? Starts the reads of those
+  // not yet read. The scheduler admits a request only then, so a request
+  // waits for its own blocks while the others run.
+  bool prefix_ready(std::span<const TokenId> tokens, const PrefixKey& key) const;
   int64_t restore_prefix(std::span<const TokenId> tokens, const PrefixKey& key);
 
   // --- swap tier (host blocks 0 .. n_host_blocks-1) ---
@@ -207,6 +212,9 @@ class KvCacheManager {
   // whole: every full block may match (saved prefixes); else at least one
   // token is left to compute.
   Match match(std::span<const TokenId> tokens, const PrefixKey& key, bool whole = false) const;
+  // f(TierBlockMeta) for each block past the pool's chain that a hit would load from the tier.
+  template <typename F>
+  void for_each_tier_block(std::span<const TokenId> tokens, const PrefixKey& key, F&& f) const;
   // acquire_cached_prefix without the counting.
   int64_t acquire(SeqId seq, std::span<const TokenId> tokens, const PrefixKey& key, bool whole);
   int64_t blocks_needed(const SeqBlocks* s, int64_t n_tokens, int64_t first_write_pos) const;

@@ -42,7 +42,11 @@ struct KvTierStats {
   int64_t disk_foreign = 0;      // files of another model / KV layout / format (ignored)
   int64_t disk_recovered = 0;    // files indexed at start (a restart's cache)
   int64_t disk_pinned = 0;       // files pinned by saved prefixes (sessions)
-  int64_t disk_prefetches = 0;   // readaheads started for arriving requests
+  int64_t disk_prefetches = 0;   // background reads queued for arriving requests
+  int64_t disk_staged_reads = 0;  // of them, read and checked into memory off the engine thread
+  int64_t disk_staged_loads = 0;  // promotions served from those copies
+  int64_t disk_staged_drops = 0;  // staged copies dropped unused
+  int64_t disk_staged_bytes = 0;  // bytes staged or being read now
   int64_t loads = 0;             // blocks promoted into the pool
   int64_t bytes_stored = 0, bytes_loaded = 0;
   double load_seconds = 0;       // time spent promoting them
@@ -67,9 +71,13 @@ class KvTier {
   // A prefix lookup stopped at `m`: no tier holds it (counted as a miss).
   virtual void note_miss() = 0;
   // A request that will look m up has arrived: start reading it into memory
-  // in the background (disk: the kernel's readahead), so that load() later
-  // copies from memory. No-op where m is in memory already.
+  // in the background (disk: a reader thread), so that load() later copies
+  // from memory. No-op where m is in memory already.
   virtual void prefetch(const TierBlockMeta& m) = 0;
+  // Would load(m) copy from memory (true), or wait on a read still running
+  // (false)? A block neither in memory nor being read starts its read here.
+  // The scheduler admits a request only when all its tier blocks are ready.
+  virtual bool ready(const TierBlockMeta& m) = 0;
   // Saved prefixes: pins m on the persistent tier (copying it there from
   // device block `device`, or from RAM when device is -1), or drops one pin.
   // False when it cannot be pinned (no persistent tier, budget full of pins).

@@ -187,6 +187,11 @@ void TieredKvStore::prefetch(const TierBlockMeta& m) {
   disk_->prefetch(m);
 }
 
+bool TieredKvStore::ready(const TierBlockMeta& m) {
+  if (!disk_ || (ram_ && ram_->find(m) >= 0)) return true;
+  return disk_->ready(m);
+}
+
 void TieredKvStore::persist() {
   if (!disk_) return;
   if (ram_)
@@ -209,6 +214,10 @@ KvTierStats TieredKvStore::stats() const {
     s.disk_recovered = d.recovered;
     s.disk_pinned = d.pinned;
     s.disk_prefetches = d.prefetches;
+    s.disk_staged_reads = d.staged_reads;
+    s.disk_staged_loads = d.staged_loads;
+    s.disk_staged_drops = d.staged_drops;
+    s.disk_staged_bytes = d.staged_bytes;
   }
   return s;
 }

@@ -59,6 +59,7 @@ class TieredKvStore final : public KvTier {
   void note_miss() override;
   bool pin(const TierBlockMeta& m, BlockId device, bool pin) override;
   void prefetch(const TierBlockMeta& m) override;
+  bool ready(const TierBlockMeta& m) override;
 
   // At shutdown: from now on stores to disk wait for room in the write queue
   // instead of dropping; then the pool's cached blocks are store()d

@@ -330,6 +330,9 @@ bool Scheduler::schedule_phase(SchedulerOutput* out_ptr, int64_t* budget_ptr, in
         budget -= chunk;
       } else {
         SERVAL_ASSERT(s.num_computed == 0);
+        // Its blocks on the disk tier are still being read into memory (off
+        // this thread): it waits for them, the others go ahead.
+        if (s.prefix_hits && !kv_->prefix_ready(s.tokens, s.key)) continue;
         const int64_t hit = s.prefix_hits ? kv_->find_cached_prefix(s.tokens, s.key) : 0;
         const int64_t gap = n - hit;
         const int64_t chunk = std::min({gap, budget, prefill_left, s.max_chunk});

@@ -464,6 +464,14 @@ void Observability::write_metrics(mt::ExpositionWriter& w, const EngineStats& s,
         (double)kt.disk_foreign);
     one("serval_kv_tier_disk_recovered_files", T::gauge, "Disk-tier files indexed at start.",
         (double)kt.disk_recovered);
+    one("serval_kv_tier_disk_staged_reads_total", T::counter,
+        "Disk-tier blocks read and checked into memory by the reader thread, ahead of their promotion.",
+        (double)kt.disk_staged_reads);
+    one("serval_kv_tier_disk_staged_loads_total", T::counter,
+        "Promotions from the disk tier served from a staged copy (no disk read on the engine thread).",
+        (double)kt.disk_staged_loads);
+    one("serval_kv_tier_disk_staged_bytes", T::gauge, "Bytes of disk-tier blocks staged in memory or being read.",
+        (double)kt.disk_staged_bytes);
   }
   for (const auto* f : {&ttft_f_, &itl_f_, &e2e_f_, &queue_f_, &prefill_f_, &decode_f_, &prompt_len_f_, &gen_len_f_})
     w.family(*f);

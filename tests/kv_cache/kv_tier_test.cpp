@@ -12,6 +12,7 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kv_cache/disk_tier.h"
@@ -241,6 +242,112 @@ TEST(DiskTier, PinnedFilesAreNeverEvicted) {
   EXPECT_LE((*t)->stats().bytes, (int64_t)(3 * fb));
 }
 
+// Polls ready(m) until true (the tier's reader thread works in the background).
+bool wait_ready(DiskTier& t, const TierBlockMeta& m) {
+  for (int i = 0; i < 10000; ++i) {
+    if (t.ready(m)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+// Promotion off the engine thread: prefetch() has the reader thread read and
+// check the file into memory; load() then copies from there.
+TEST(DiskTier, PrefetchStagesCheckedBlocksForLoad) {
+  TempDir d;
+  auto t = DiskTier::open(disk_cfg(d.path, 1 << 20));
+  ASSERT_TRUE(t.ok());
+  std::vector<Toks> toks;
+  for (int i = 0; i < 3; ++i) toks.push_back(range(10 * i, 4));
+  auto meta = [&](int i) { return TierBlockMeta{{(uint64_t)i + 1, 7}, {}, {}, toks[(size_t)i]}; };
+  for (int i = 0; i < 3; ++i) (*t)->store(meta(i), pattern(1000, (uint32_t)i).data(), true);
+  EXPECT_TRUE((*t)->ready(meta(0)));  // still in the write queue or written: its image is in memory
+  (*t)->drain();
+
+  (*t)->prefetch(meta(0));
+  ASSERT_TRUE(wait_ready(**t, meta(0)));
+  EXPECT_EQ((*t)->stats().prefetches, 1);
+  EXPECT_EQ((*t)->stats().staged_reads, 1);
+  EXPECT_EQ((*t)->stats().staged_bytes, 1000);
+  std::vector<uint8_t> out(1000);
+  ASSERT_TRUE((*t)->load(meta(0), out.data()));
+  EXPECT_EQ(out, pattern(1000, 0));
+  EXPECT_EQ((*t)->stats().staged_loads, 1);
+  EXPECT_EQ((*t)->stats().staged_bytes, 0);  // a staged copy is used once
+
+  // Not prefetched: ready() queues its read and says no until it is done.
+  EXPECT_FALSE((*t)->ready(meta(1)));
+  EXPECT_EQ((*t)->stats().prefetches, 2);
+  ASSERT_TRUE(wait_ready(**t, meta(1)));
+  ASSERT_TRUE((*t)->load(meta(1), out.data()));
+  EXPECT_EQ(out, pattern(1000, 1));
+  EXPECT_TRUE((*t)->ready(meta(9)));  // not held: a miss, nothing to wait for
+
+  // A file damaged after it was written: the reader finds it out, and it is
+  // never used (deleted and counted), as a synchronous load would.
+  for (const auto& f : d.files(".kvb")) {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(-1, std::ios::end);
+    io.put('\x42');
+  }
+  (*t)->prefetch(meta(2));
+  ASSERT_TRUE(wait_ready(**t, meta(2)));
+  EXPECT_FALSE((*t)->contains(meta(2)));
+  EXPECT_EQ((*t)->stats().corrupt, 1);
+  EXPECT_EQ((*t)->stats().staged_bytes, 0);
+  EXPECT_FALSE((*t)->load(meta(2), out.data()));
+}
+
+// Staged copies are bounded: the oldest go for newer reads, and a block whose
+// copy went is read synchronously when it is loaded after all.
+TEST(DiskTier, StagedBytesStayInTheirBound) {
+  TempDir d;
+  DiskTierConfig c = disk_cfg(d.path, 1 << 20);
+  c.max_staged_bytes = 2500;  // two payloads
+  auto t = DiskTier::open(c);
+  ASSERT_TRUE(t.ok());
+  std::vector<Toks> toks;
+  for (int i = 0; i < 6; ++i) toks.push_back(range(10 * i, 4));
+  auto meta = [&](int i) { return TierBlockMeta{{(uint64_t)i + 1, 8}, {}, {}, toks[(size_t)i]}; };
+  for (int i = 0; i < 6; ++i) (*t)->store(meta(i), pattern(1000, (uint32_t)i + 50).data(), true);
+  (*t)->drain();
+  for (int i = 0; i < 6; ++i) {
+    (*t)->prefetch(meta(i));
+    EXPECT_LE((*t)->stats().staged_bytes, 2500);
+    ASSERT_TRUE(wait_ready(**t, meta(i)));
+  }
+  EXPECT_EQ((*t)->stats().staged_reads, 6);
+  EXPECT_EQ((*t)->stats().staged_drops, 4);
+  EXPECT_EQ((*t)->stats().staged_bytes, 2000);
+  std::vector<uint8_t> out(1000);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE((*t)->load(meta(i), out.data())) << i;
+    EXPECT_EQ(out, pattern(1000, (uint32_t)i + 50)) << i;
+  }
+  EXPECT_EQ((*t)->stats().staged_loads, 2);  // the two most recent; the rest were read on load
+  EXPECT_EQ((*t)->stats().staged_bytes, 0);
+
+  // Evicted from the disk while staged: the memory is given back.
+  t->reset();
+  TempDir d2;
+  c = disk_cfg(d2.path, 1);
+  auto t0 = DiskTier::open(c);
+  ASSERT_TRUE(t0.ok());
+  c.budget_bytes = 2 * (*t0)->file_bytes();
+  t0->reset();
+  t = DiskTier::open(c);
+  ASSERT_TRUE(t.ok());
+  for (int i = 0; i < 2; ++i) (*t)->store(meta(i), pattern(1000, (uint32_t)i).data(), true);
+  (*t)->drain();
+  (*t)->prefetch(meta(0));
+  ASSERT_TRUE(wait_ready(**t, meta(0)));
+  EXPECT_EQ((*t)->stats().staged_bytes, 1000);
+  (*t)->store(meta(2), pattern(1000, 2).data(), true);  // the least recently used goes: block 0
+  EXPECT_FALSE((*t)->contains(meta(0)));
+  EXPECT_EQ((*t)->stats().staged_bytes, 0);
+  EXPECT_EQ((*t)->stats().staged_drops, 1);
+}
+
 // The manager with a real KvStorage and TieredKvStore: fill each block with a
 // pattern named by its tokens, evict it by filling the pool with other
 // sequences, then a new sequence with the same prompt gets the bytes back.
@@ -378,6 +485,29 @@ TEST(TieredKvStore, DamagedBlockShortensTheHit) {
   EXPECT_EQ(r.kv->stats().tier_load_failures, 1);
   EXPECT_EQ(r.tiers->stats().disk_corrupt, 1);
   EXPECT_EQ(r.kv->find_cached_prefix(a, {}), 20);  // recomputed and cached again
+}
+
+// The scheduler's view: a prompt whose tier blocks are still being read is
+// not ready; once read, the hit loads them from memory.
+TEST(TieredKvStore, PrefixIsReadyOnlyOnceItsDiskBlocksAreRead) {
+  TempDir d;
+  Rig r(KvTierConfig{0, d.path.string(), 1 << 20, {1, 1}});
+  const Toks a = range(100, 21), b = range(200, 21);
+  r.run(1, a);
+  r.run(2, b);  // a's blocks go to disk
+  r.tiers->disk()->drain();
+  EXPECT_TRUE(r.kv->prefix_ready(b, {}));  // b is in the pool
+  EXPECT_FALSE(r.kv->prefix_ready(a, {}));  // its reads start now
+  bool ready = false;
+  for (int i = 0; i < 10000 && !ready; ++i) {
+    ready = r.kv->prefix_ready(a, {});
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(ready);
+  const int64_t staged = r.tiers->stats().disk_staged_reads;
+  EXPECT_GE(staged, 1);
+  EXPECT_EQ(r.run(3, a), 20);  // the bytes checked by Rig::run
+  EXPECT_EQ(r.tiers->stats().disk_staged_loads, staged);
 }
 
 TEST(TieredKvStore, RejectsBudgetsThatHoldNoBlock) {

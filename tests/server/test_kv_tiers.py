@@ -117,6 +117,8 @@ def restart_hits_the_disk_tier_on_its_first_request(_):
             eq(metric(srv.port, "serval_kv_tier_hit_tokens_total"), 192, "its prompt tokens served from disk")
             st = get(srv.port, "/v1/engine/state").json()["kv_tiers"]["disk"]
             eq(st["prefetches"], 12, "the request's disk blocks were read ahead when it arrived")
+            eq(st["staged_loads"], 12, "and promoted from memory: none was read on the engine thread")
+            eq(st["staged_bytes"], 0, "no staged copy left over")
         # Another KV type on the same directory: every file is foreign.
         with Server(*[a if a != "f32" else "f16" for a in args], name="tiers-f16") as srv:
             check(metric(srv.port, "serval_kv_tier_disk_foreign_files") >= 12, "f32 files are foreign to an f16 KV")
