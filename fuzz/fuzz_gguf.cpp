@@ -1,14 +1,26 @@
 // GGUF reader: any bytes are either refused with a message or give a file
 // whose every tensor lies inside it; accepted files then go through the
-// tokenizer and model-config readers (crafted vocabularies and shapes).
+// tokenizer and model-config readers (crafted vocabularies and shapes), and
+// the LoRA adapter reader against stories260K (model/lora.h).
 #include <cstdint>
 #include <span>
 
 #include "fuzz_common.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/model_config.h"
 
 using namespace serval;
+
+namespace {
+
+// The base adapters are checked against (loaded once).
+const Model* lora_base() {
+  static auto m = Model::load(std::string(SERVAL_SHARED_DIR) + "/models/stories260K.gguf");
+  return m.ok() ? m->get() : nullptr;
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto f = gguf::GgufFile::parse(std::span<const uint8_t>(data, size));
@@ -23,6 +35,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     volatile uint8_t sink = 0;
     if (!bytes.empty()) sink = bytes.front() ^ bytes.back();  // ASan: inside the image
     (void)sink;
+  }
+  if (const Model* base = lora_base()) {
+    if (auto a = LoraAdapter::from_file(*f, *base); a.ok()) {
+      for (const auto& [m, d] : (*a)->deltas()) {
+        fuzz::require(d.rows == m->rows && d.cols == m->cols, "an adapter's deltas fit their base matrices");
+        fuzz::require(d.at.size() == (size_t)(d.cols * d.rank) && d.bt.size() == (size_t)(d.rank * d.rows),
+                      "A and B hold rank x shape floats");
+      }
+    } else {
+      fuzz::require(!a.status().message().empty(), "a refused adapter has a message");
+    }
   }
   if (auto tok = Tokenizer::from_gguf(*f); tok.ok()) {
     const int32_t n = tok->n_vocab();

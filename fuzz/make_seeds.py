@@ -99,6 +99,20 @@ def tiny_llama(tied=True, n_kv_heads=2):
     return gguf(kvs, tensors)
 
 
+def lora_for_stories():
+    """A rank-2 LoRA adapter on stories260K's (the fuzz base's) blk.0 attn_q and attn_v."""
+    kvs = [kv("general.architecture", STR, "llama"), kv("general.type", STR, "adapter"),
+           kv("adapter.type", STR, "lora"), kv("adapter.lora.alpha", F32, 4.0)]
+
+    def t(name, *dims):
+        n = dims[0] * dims[1]
+        return (name, list(dims), [((i * 5) % 11 - 5) / 50 for i in range(n)])
+
+    tensors = [t("blk.0.attn_q.weight.lora_a", 64, 2), t("blk.0.attn_q.weight.lora_b", 2, 64),
+               t("blk.0.attn_v.weight.lora_a", 64, 2), t("blk.0.attn_v.weight.lora_b", 2, 32)]
+    return gguf(kvs, tensors)
+
+
 def write(harness, name, data):
     d = os.path.join(OUT, harness)
     os.makedirs(d, exist_ok=True)
@@ -113,6 +127,7 @@ def main():
     write("gguf", "tiny_llama_gqa_untied.gguf", tiny_llama(tied=False, n_kv_heads=1))
     write("gguf", "vocab_only.gguf", gguf(vocab_kvs(["<unk>", "<s>", "</s>", "<0x41>", "<0x42>", "<0x43>", "x"]), []))
     write("gguf", "version2_empty.gguf", gguf([], [], version=2))
+    write("gguf", "lora_stories.gguf", lora_for_stories())
 
     for i, s in enumerate(["Once upon a time, there was a little girl named Lily.",
                            "  leading spaces\nand\ttabs\r\n", "caf\u00e9 \u65e5\u672c\u8a9e \U0001F600",

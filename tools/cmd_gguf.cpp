@@ -92,8 +92,35 @@ int cmd_gguf(int argc, char** argv) {
   synth->add_option("--pooling", pooling, "encoders: pooling_type mean (default), cls, or rank (a reranker: adds the classification head)");
   synth->add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
 
+  SynthLoraOptions lo;
+  std::string lora_base, lora_out, lora_type = "f32";
+  auto* synth_lora = app.add_subcommand(
+      "synth-lora", "write a random LoRA adapter (llama.cpp's GGUF adapter format) for a base model file");
+  synth_lora->add_option("--base", lora_base, "the base model GGUF")->required();
+  synth_lora->add_option("-o,--output", lora_out, "output file")->required();
+  synth_lora->add_option("--rank", lo.rank, "rank")->check(CLI::Range(1, 4096));
+  synth_lora->add_option("--alpha", lo.alpha, "adapter.lora.alpha (scale = alpha / rank)")->check(CLI::Range(0.0, 1e6));
+  synth_lora->add_option("--std-b", lo.std_b, "standard deviation of lora_b")->check(CLI::Range(0.0, 10.0));
+  synth_lora->add_option("--targets", lo.targets,
+                         "matrices: attn_q attn_k attn_v attn_output ffn_gate ffn_up ffn_down output (default: all "
+                         "but output)")
+      ->check(CLI::IsMember({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output"}));
+  synth_lora->add_option("--type", lora_type, "f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  synth_lora->add_option("--seed", lo.seed, "random seed");
+
   if (auto rc = parse(app, argc, argv)) return *rc;
   if (*info) return gguf_info(info_path, all_values);
+  if (*synth_lora) {
+    const std::string cmd = "serval gguf synth-lora";
+    auto base = gguf::GgufFile::open(lora_base);
+    if (!base.ok()) return fail(cmd, base.status().message());
+    lo.type = lora_type == "f16" ? DType::f16 : DType::f32;
+    Status st = write_synthetic_lora(lo, *base, lora_out);
+    if (!st.ok()) return fail(cmd, st.message(), st.code() == StatusCode::io_error ? 1 : 2);
+    std::fprintf(stderr, "%s: wrote %s (rank %lld, alpha %g)\n", cmd.c_str(), lora_out.c_str(), (long long)lo.rank,
+                 (double)lo.alpha);
+    return 0;
+  }
   return gguf_synth(shape, arch, type, vocab, out, seed, threads, pooling);
 }
 

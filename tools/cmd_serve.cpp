@@ -90,6 +90,19 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "compute threads (default: physical cores)")->check(CLI::Range(0, 1024));
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   app.add_option("--kv-memory", kv_memory, "KV cache pool: bytes (512M, 2G) or a fraction of free RAM");
+  std::vector<std::string> loras;
+  app.add_option("--lora", loras,
+                 "a LoRA adapter (llama.cpp's GGUF adapter format) served as a model of its own: NAME=FILE[:SCALE] "
+                 "(repeatable; requests with \"model\": NAME use it, batched with the base and other adapters)");
+  int32_t max_loras = 0;
+  app.add_option("--max-loras", max_loras,
+                 "LoRA adapters held in memory at once; past it the least recently used idle one is dropped and "
+                 "read again on its next request (0: all)")
+      ->check(CLI::Range(0, Engine::kMaxLoras));
+  bool lora_runtime = false;
+  app.add_flag("--lora-runtime", lora_runtime,
+               "allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read server files named by the "
+               "client: enable only for trusted clients)");
   KvType kv_type = EngineConfig{}.kv_type;
   add_kv_type_option(app, &kv_type);
   app.add_option("--swap-memory", swap_memory, "host swap space for preemption by swapping (0: recompute)");
@@ -206,6 +219,7 @@ int cmd_serve(int argc, char** argv) {
   scfg.engine_control = engine_control;
   scfg.webui = !no_webui;
   scfg.metrics_vllm_names = metrics_compat == "vllm";
+  scfg.lora_runtime = lora_runtime;
   scfg.model_name = served_name;
   for (const std::string& a : aliases)
     if (a.empty() || a.size() > 256 || std::any_of(a.begin(), a.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
@@ -304,11 +318,33 @@ int cmd_serve(int argc, char** argv) {
     ec.background_priority = server::OpenAiServer::kBatchPriority;
     ec.background_prefill_tokens = batch_prefill_tokens;
   }
+  ec.max_loras = max_loras;
   auto engine = Engine::create(m, *tok, ec);
   if (!engine.ok()) return fail(cmd, engine.status().message());
   auto api = server::OpenAiServer::create(**engine, scfg);
   if (!api.ok()) return fail(cmd, api.status().message());
   server::OpenAiServer* api_raw = api->get();
+  for (const std::string& spec_text : loras) {
+    const size_t eq = spec_text.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec_text.size())
+      return fail(cmd, "--lora " + spec_text + ": expected NAME=FILE[:SCALE]");
+    const std::string name = spec_text.substr(0, eq);
+    std::string file = spec_text.substr(eq + 1);
+    float scale = 1.0f;
+    if (const size_t colon = file.rfind(':'); colon != std::string::npos) {
+      const std::string tail = file.substr(colon + 1);
+      char* end = nullptr;
+      const double v = std::strtod(tail.c_str(), &end);
+      if (!tail.empty() && end == tail.c_str() + tail.size()) {
+        if (!(v >= -100.0 && v <= 100.0)) return fail(cmd, "--lora " + spec_text + ": SCALE must be in [-100, 100]");
+        scale = (float)v;
+        file.resize(colon);
+      }
+    }
+    if (Status st = api_raw->check_adapter_name(name); !st.ok()) return fail(cmd, "--lora " + name + ": " + st.message());
+    if (Status st = (*engine)->load_lora(name, file, scale); !st.ok())
+      return fail(cmd, "--lora " + name + ": " + st.message());
+  }
 
   // Files and Batches APIs: a store (SQLite + files), a runner thread that
   // sends lines through the API at the lowest priority, and the routes.

@@ -17,6 +17,7 @@ int cmd_imatrix(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_gateway(int argc, char** argv);  // serval gateway: router in front of replicas
+int cmd_lora(int argc, char** argv);   // serval lora merge BASE ADAPTER OUT
 int cmd_batch(int argc, char** argv);  // serval batch IN.jsonl OUT.jsonl  // serval plan, serval plan profile
 
 }  // namespace serval::cli

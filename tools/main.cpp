@@ -18,6 +18,7 @@ void usage(FILE* f) {
                "  tokenize   print the token ids (and pieces) of a text\n"
                "  gguf       inspect (info) or synthesize (synth) GGUF files\n"
                "  quantize   quantize a GGUF model (Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, IQ4_NL, ...)\n"
+               "  lora       merge a LoRA adapter into its base model (lora merge)\n"
                "  imatrix    importance matrix of a model over a text (for quantize --imatrix)\n"
                "  perplexity perplexity over a text; KL divergence against a reference model\n"
                "  bench      benchmarks (throughput: the engine under load; model: pp/tg like llama-bench; http)\n"
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   if (cmd == "tokenize") return serval::cli::cmd_tokenize(argc - 1, argv + 1);
   if (cmd == "gguf") return serval::cli::cmd_gguf(argc - 1, argv + 1);
   if (cmd == "quantize") return serval::cli::cmd_quantize(argc - 1, argv + 1);
+  if (cmd == "lora") return serval::cli::cmd_lora(argc - 1, argv + 1);
   if (cmd == "imatrix") return serval::cli::cmd_imatrix(argc - 1, argv + 1);
   if (cmd == "perplexity") return serval::cli::cmd_perplexity(argc - 1, argv + 1);
   if (cmd == "bench") return serval::cli::cmd_bench(argc - 1, argv + 1);

@@ -87,6 +87,10 @@ struct EngineConfig {
   // inputs one embed() call may carry.
   Pooling pooling = Pooling::none;
   int32_t max_embed_inputs = 2048;
+  // LoRA adapters held in memory at once (--max-loras); 0: all. Past it, the
+  // least recently used adapter with no request running is dropped from
+  // memory (it stays loaded: its next request reads its file again).
+  int32_t max_loras = 0;
   // Tensor parallelism: the model is rank 0's shard (Model::load with a
   // TensorParallel) and this links it to the other ranks (engine/
   // tensor_parallel_link.h; parallel/mpi_link.h over MPI). Must outlive the
@@ -116,6 +120,24 @@ struct Request {
   int32_t prompt_logprobs = -1;
   // Score only: with prompt_logprobs >= 0 and n == 1, params.max_tokens may
   // be 0 — the prompt is scored and nothing is generated (finish: length).
+  // A LoRA adapter loaded with Engine::load_lora, by name; empty: the base
+  // model. The request keeps the adapter alive until it finishes (an unload
+  // meanwhile only stops new requests from using it); its prefix-cache
+  // blocks are its own (the adapter's id is part of the prefix key).
+  std::string lora;
+};
+
+// A LoRA adapter the engine holds (Engine::loras()).
+struct LoraInfo {
+  std::string name, path;
+  float scale = 1.0f;      // the effective scale: user scale x alpha / rank
+  float user_scale = 1.0f; // the scale it was loaded with
+  bool resident = true;    // in memory (else read again on its next request: EngineConfig::max_loras)
+  int64_t rank = 0;
+  int64_t n_matrices = 0;  // base matrices it adapts
+  int64_t bytes = 0;       // its F32 copies (in memory while resident)
+  int64_t reloads = 0;     // times it was read again after being dropped from memory
+  uint64_t id = 0;         // its prefix-cache key (never reused)
 };
 
 // Where a request's time went inside the engine (steady_clock nanoseconds since
@@ -320,6 +342,18 @@ class Engine {
   enum class PrefixOp { pin, unpin, restore };
   void prefix_op(PrefixOp op, std::vector<TokenId> tokens, uint64_t tenant_salt,
                  std::function<void(Expected<int64_t>)> done);
+
+  // LoRA adapters (model/lora.h; llama.cpp's GGUF adapter format), applied
+  // per request on top of the shared base weights — requests for different
+  // adapters and the base run in the same steps. load_lora reads and checks
+  // the file on the calling thread (errors name the tensor or key), then
+  // makes it available under `name` (invalid_argument if taken; at most
+  // kMaxLoras, resource_exhausted beyond). unload_lora: not_found if absent;
+  // requests already submitted with it finish with it. Thread-safe.
+  Status load_lora(const std::string& name, const std::string& path, float scale = 1.0f);
+  Status unload_lora(const std::string& name);
+  std::vector<LoraInfo> loras() const;
+  static constexpr int kMaxLoras = 256;
 
   // Stepping control (vLLM's pause_generation), for tests that need a given
   // interleaving and for operators draining a replica. After pause() returns

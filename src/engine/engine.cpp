@@ -4,6 +4,7 @@
 #include "engine/engine_impl.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -463,6 +464,18 @@ Status Engine::check_search_request(const Request& req, int64_t max_total) const
   return {};
 }
 
+namespace {
+
+// A file's size and modification time, to tell a file replaced on disk.
+std::string file_stamp(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto t = std::filesystem::last_write_time(path, ec);
+  return std::to_string(size) + "@" + std::to_string(t.time_since_epoch().count());
+}
+
+}  // namespace
+
 Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
   const ModelConfig& mc = impl_->model->config();
   const EngineConfig& cfg = impl_->cfg;
@@ -502,6 +515,36 @@ Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
   const int64_t max_total = std::min<int64_t>(context, (int64_t)req.prompt.size() + max_new);
   SERVAL_RETURN_IF_ERROR(check_search_request(req, max_total));
   auto rs = std::make_unique<Impl::RequestState>();
+  if (!req.lora.empty()) {
+    std::unique_lock<std::mutex> lk(impl_->lora_mu);
+    auto it = impl_->loras.find(req.lora);
+    if (it == impl_->loras.end()) return not_found("LoRA adapter '" + req.lora + "' is not loaded");
+    if (!it->second.adapter) {
+      // Dropped from memory (max_loras): read it again, outside the lock.
+      const LoraInfo info = it->second.info;
+      lk.unlock();
+      const std::string stamp = file_stamp(info.path);
+      auto a = LoraAdapter::load(info.path, *impl_->model, info.user_scale);
+      if (!a.ok()) return a.status().with_context("LoRA adapter '" + req.lora + "'");
+      lk.lock();
+      it = impl_->loras.find(req.lora);
+      if (it == impl_->loras.end() || it->second.info.id != info.id)
+        return not_found("LoRA adapter '" + req.lora + "' is not loaded");
+      if (!it->second.adapter) {
+        it->second.adapter = *a;
+        it->second.info.resident = true;
+        ++it->second.info.reloads;
+        if (stamp != it->second.file_stamp) {  // another file now: its KV must not meet the old one's
+          it->second.file_stamp = stamp;
+          it->second.info.id = impl_->next_lora_id++;
+        }
+      }
+    }
+    it->second.last_used = ++impl_->lora_clock;
+    rs->lora = it->second.adapter;
+    rs->lora_id = it->second.info.id;
+    impl_->trim_loras();
+  }
   rs->id = impl_->next_request_id++;
   rs->arrival_ns = now_ns();
   rs->max_total = max_total;
@@ -515,6 +558,66 @@ Expected<std::shared_ptr<RequestStream>> Engine::submit(Request req) {
   }
   impl_->inbox_cv.notify_all();
   return stream;
+}
+
+Status Engine::load_lora(const std::string& name, const std::string& path, float scale) {
+  if (name.empty() || name.size() > 256) return invalid_argument("LoRA name: 1 to 256 characters");
+  if (impl_->model->config().encoder) return invalid_argument("LoRA adapters: not for an embedding model");
+  {
+    std::lock_guard<std::mutex> lk(impl_->lora_mu);
+    if (impl_->loras.count(name)) return invalid_argument("LoRA adapter '" + name + "' is loaded already");
+    if ((int)impl_->loras.size() >= kMaxLoras)
+      return Status(StatusCode::resource_exhausted, "at most " + std::to_string(kMaxLoras) + " LoRA adapters are loaded at once");
+  }
+  auto a = LoraAdapter::load(path, *impl_->model, scale);  // outside the lock: reads the file
+  if (!a.ok()) return a.status();
+  std::lock_guard<std::mutex> lk(impl_->lora_mu);
+  if (impl_->loras.count(name)) return invalid_argument("LoRA adapter '" + name + "' is loaded already");
+  Impl::LoraEntry e;
+  e.adapter = *a;
+  e.file_stamp = file_stamp(path);
+  e.last_used = ++impl_->lora_clock;
+  e.info.name = name;
+  e.info.path = path;
+  e.info.user_scale = scale;
+  e.info.scale = (*a)->scale();
+  e.info.rank = (*a)->rank();
+  e.info.n_matrices = (int64_t)(*a)->n_matrices();
+  e.info.bytes = (int64_t)(*a)->bytes();
+  e.info.id = impl_->next_lora_id++;
+  impl_->loras.emplace(name, std::move(e));
+  impl_->trim_loras();
+  return {};
+}
+
+void Engine::Impl::trim_loras() {
+  if (cfg.max_loras <= 0) return;
+  for (;;) {
+    int resident = 0;
+    LoraEntry* victim = nullptr;
+    for (auto& [n, e] : loras) {
+      if (!e.adapter) continue;
+      ++resident;
+      // Idle: no request holds it (the registry's reference is the only one).
+      if (e.adapter.use_count() == 1 && (!victim || e.last_used < victim->last_used)) victim = &e;
+    }
+    if (resident <= cfg.max_loras || !victim) return;
+    victim->adapter.reset();
+    victim->info.resident = false;
+  }
+}
+
+Status Engine::unload_lora(const std::string& name) {
+  std::lock_guard<std::mutex> lk(impl_->lora_mu);
+  if (impl_->loras.erase(name) == 0) return not_found("LoRA adapter '" + name + "' is not loaded");
+  return {};
+}
+
+std::vector<LoraInfo> Engine::loras() const {
+  std::lock_guard<std::mutex> lk(impl_->lora_mu);
+  std::vector<LoraInfo> out;
+  for (const auto& [n, e] : impl_->loras) out.push_back(e.info);
+  return out;
 }
 
 void Engine::cancel(uint64_t request_id) {

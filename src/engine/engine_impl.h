@@ -111,10 +111,26 @@ struct Engine::Impl {
     std::vector<TokenLogprobs> prompt_lp;
     int64_t prompt_lp_next = 1;
     bool prompt_lp_sent = false;
+    std::shared_ptr<const LoraAdapter> lora;  // Request::lora resolved at submit (null: the base)
+    uint64_t lora_id = 0;                     // its prefix-key id
     bool score_only() const { return req.prompt_logprobs >= 0 && req.params.max_tokens == 0; }
   };
 
   std::shared_ptr<const Model> model;
+  // LoRA adapters by name (Engine::load_lora), under lora_mu.
+  struct LoraEntry {
+    std::shared_ptr<const LoraAdapter> adapter;  // null while not resident
+    LoraInfo info;
+    uint64_t last_used = 0;  // lora_clock at its last request
+    std::string file_stamp;  // size and mtime of its file when read (a changed file gets a new prefix id)
+  };
+  uint64_t lora_clock = 0;
+  // With cfg.max_loras: drops least recently used idle adapters from memory
+  // until at most max_loras are resident (lora_mu held).
+  void trim_loras();
+  mutable std::mutex lora_mu;
+  std::map<std::string, LoraEntry> loras;
+  uint64_t next_lora_id = 1;
   Tokenizer tok;
   EngineConfig cfg;
   std::vector<TokenId> eog;
@@ -189,6 +205,7 @@ struct Engine::Impl {
   struct StepBuffers {
     std::vector<float> logits, hidden;
     std::vector<std::vector<TokenId>> drafts;
+    std::vector<const LoraAdapter*> loras;  // per scheduled seq (mark_wanted_rows); empty: none
   };
 
   // The loop (engine_loop.cpp): wait, take the inbox, schedule, run a step.
@@ -196,7 +213,7 @@ struct Engine::Impl {
   bool wait_for_work();
   void wait_when_blocked();
   void run_step(SchedulerOutput& out, StepBuffers& buf);
-  bool mark_wanted_rows(SchedulerOutput& out);
+  bool mark_wanted_rows(SchedulerOutput& out, std::vector<const LoraAdapter*>* loras);
   void score_prompt_rows(RequestState& rs, const ScheduledSeq& s, const float* rows);
   void attach_prompt_logprobs(RequestState& rs, OutputEvent& ev);
   void fail_batch(const SchedulerOutput& out, const Status& st);

@@ -68,7 +68,7 @@ void Engine::Impl::admit(std::unique_ptr<RequestState> rs) {
   sr.prompt = rs->req.prompt;
   sr.priority = rs->req.priority;
   sr.max_total_tokens = rs->max_total;
-  sr.prefix_key = PrefixKey{rs->req.tenant_salt, 0};
+  sr.prefix_key = PrefixKey{rs->req.tenant_salt, rs->lora_id};
   const SamplingParams& rp = rs->req.params;
   // Drafts are not grammar-checked yet: constrained requests decode plainly.
   sr.speculate = rs->req.speculate && !rp.grammar && !rp.beam_search() && !rp.contrastive_search();
@@ -139,7 +139,7 @@ void Engine::Impl::drain_inbox() {
   for (auto& j : embeds) embed_queue.push_back(std::move(j));
   for (auto& rs : in) {
     // Disk-tier blocks of its prefix start loading now, while earlier work runs.
-    if (tiers && tiers->has_disk()) kv->prefetch_prefix(rs->req.prompt, PrefixKey{rs->req.tenant_salt, 0});
+    if (tiers && tiers->has_disk()) kv->prefetch_prefix(rs->req.prompt, PrefixKey{rs->req.tenant_salt, rs->lora_id});
     admit(std::move(rs));
   }
   for (uint64_t rid : cancel_ids) {
@@ -548,12 +548,18 @@ void Engine::Impl::attach_prompt_logprobs(RequestState& rs, OutputEvent& ev) {
 // contrastive search reads the hidden states of its tokens; a request that
 // wants prompt log-probs gets every logits row of a chunk while it still
 // covers unscored prompt positions. True when any seq wants hidden states.
-bool Engine::Impl::mark_wanted_rows(SchedulerOutput& out) {
+bool Engine::Impl::mark_wanted_rows(SchedulerOutput& out, std::vector<const LoraAdapter*>* loras) {
   bool any_hidden = false;
-  for (ScheduledSeq& s : out.seqs) {
+  loras->clear();
+  for (size_t i = 0; i < out.seqs.size(); ++i) {
+    ScheduledSeq& s = out.seqs[i];
     auto it = seqs.find(s.seq);
     if (it == seqs.end()) continue;
     const RequestState& rs = *it->second.req;
+    if (rs.lora) {
+      loras->resize(out.seqs.size(), nullptr);
+      (*loras)[i] = rs.lora.get();
+    }
     s.want_hidden = rs.search && !rs.search->beam;
     any_hidden = any_hidden || s.want_hidden;
     s.all_logits = it->second.index == 0 && rs.req.prompt_logprobs >= 0 &&
@@ -589,8 +595,8 @@ void Engine::Impl::run_step(SchedulerOutput& out, StepBuffers& buf) {
   const int64_t step_start_ns = now_ns();
   runner->apply_block_moves(out);
   Status st = propose(out, &buf.drafts);
-  const bool any_hidden = mark_wanted_rows(out);
-  if (st.ok()) st = runner->execute(out, buf.drafts, &buf.logits, any_hidden ? &buf.hidden : nullptr);
+  const bool any_hidden = mark_wanted_rows(out, &buf.loras);
+  if (st.ok()) st = runner->execute(out, buf.drafts, &buf.logits, any_hidden ? &buf.hidden : nullptr, buf.loras);
   if (!st.ok()) return fail_batch(out, st);
   after_step(out, buf.drafts, buf.logits, buf.hidden, step_start_ns);
 }

@@ -65,7 +65,9 @@ Status Runner::draft(const SchedulerOutput& out, const DraftPick& pick, std::vec
 }
 
 Status Runner::execute(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
-                       std::vector<float>* logits, std::vector<float>* hidden) {
+                       std::vector<float>* logits, std::vector<float>* hidden,
+                       std::span<const LoraAdapter* const> loras) {
+  SERVAL_ASSERT(loras.empty() || loras.size() == out.seqs.size());
   SERVAL_ASSERT(drafts.empty() || drafts.size() == out.seqs.size());
   auto drafts_of = [&](size_t i) -> std::span<const TokenId> {
     if (drafts.empty()) return {};
@@ -83,6 +85,7 @@ Status Runner::execute(const SchedulerOutput& out, std::span<const std::vector<T
     SERVAL_ASSERT(!s.all_logits || d.empty());
     batch_.seqs.push_back({s.start_pos, n, s.block_table, s.needs_logits || s.all_logits,
                            s.all_logits ? n : 1 + static_cast<int32_t>(d.size()), s.want_hidden, s.swa_block_table});
+    if (!loras.empty()) batch_.seqs.back().lora = loras[i];
   }
   if (link_) {
     SERVAL_RETURN_IF_ERROR(link_error_);

@@ -56,8 +56,10 @@ class Runner {
   // n_tokens rows (every token of its chunk), in order.
   // hidden (optional): the final-normed hidden states of every token of the
   // seqs with want_hidden, in order ([n, dim]).
+  // loras: empty, or per seq of `out` its LoRA adapter (null: the base).
   Status execute(const SchedulerOutput& out, std::span<const std::vector<TokenId>> drafts,
-                 std::vector<float>* logits, std::vector<float>* hidden = nullptr);
+                 std::vector<float>* logits, std::vector<float>* hidden = nullptr,
+                 std::span<const LoraAdapter* const> loras = {});
 
   bool has_draft_model() const { return draft_forward_ != nullptr; }
 

@@ -257,11 +257,50 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     step_macs += c.n_layers * (layer_params + 2 * (tok_pos[(size_t)i] + 1) * q_dim);
   ThreadPool* const pool = step_macs >= kMinParallelStepMacs ? pool_ : nullptr;
 
-  auto mm = [&](const Matrix& m, const float* in, int64_t rows_n, float* out) {
+  // LoRA adapters: the token rows of each adapter, and the output rows of
+  // each (logits rows), grouped by adapter, in batch order.
+  struct LoraGroup {
+    const LoraAdapter* lora;
+    std::vector<int64_t> rows;
+  };
+  std::vector<LoraGroup> lora_tok, lora_out;
+  std::vector<LoraRow> lora_rows;  // one matrix's rows to update (scratch of mm)
+  {
+    auto group_of = [](std::vector<LoraGroup>& gs, const LoraAdapter* a) -> std::vector<int64_t>& {
+      for (LoraGroup& gr : gs)
+        if (gr.lora == a) return gr.rows;
+      gs.push_back({a, {}});
+      return gs.back().rows;
+    };
+    int64_t t0 = 0, o0 = 0;
+    for (const BatchSeq& bs : batch.seqs) {
+      if (bs.lora) {
+        auto& tr = group_of(lora_tok, bs.lora);
+        for (int32_t i = 0; i < bs.n_tokens; ++i) tr.push_back(t0 + i);
+        if (bs.needs_logits) {
+          auto& orow = group_of(lora_out, bs.lora);
+          for (int32_t i = 0; i < bs.n_logits; ++i) orow.push_back(o0 + i);
+        }
+      }
+      t0 += bs.n_tokens;
+      o0 += bs.needs_logits ? bs.n_logits : 0;
+    }
+  }
+  // rows_of: the LoRA groups of the rows of `in` (token rows, output rows), or null.
+  auto mm = [&](const Matrix& m, const float* in, int64_t rows_n, float* out,
+                const std::vector<LoraGroup>* rows_of = nullptr) {
     if (observer_) (*observer_)(m, in, rows_n);
     if (m.packed) kernels::matmul(*m.packed, in, rows_n, out, pool);
     else kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool);
+    if (rows_of) {
+      lora_rows.clear();
+      for (const LoraGroup& gr : *rows_of)
+        if (const LoraDelta* d = gr.lora->delta(m))
+          for (int64_t r : gr.rows) lora_rows.push_back({d, gr.lora->scale(), r});
+      apply_lora(lora_rows, in, out, pool);
+    }
   };
+  const std::vector<LoraGroup>* const tok_loras = lora_tok.empty() ? nullptr : &lora_tok;
   // Runs fn over [0, count) on the pool, in chunks of at least `grain` items.
   auto par = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1) {
     if (pool) pool->parallel_for(count, fn, grain);
@@ -314,9 +353,9 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     const bool in_swa_pool = swa_pool && g.in_swa_pool((int32_t)il);
     for (int64_t i = 0; i < n; ++i)
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.attn_norm.data(), dim, c.rms_eps);
-    mm(l.wq, xn_.data(), n, q_.data());
-    mm(l.wk, xn_.data(), n, k_.data());
-    mm(l.wv, xn_.data(), n, v_.data());
+    mm(l.wq, xn_.data(), n, q_.data(), tok_loras);
+    mm(l.wk, xn_.data(), n, k_.data(), tok_loras);
+    mm(l.wv, xn_.data(), n, v_.data(), tok_loras);
     for (int64_t i = 0; i < n; ++i) {
       float* q = q_.data() + i * q_dim;
       float* k = k_.data() + i * kv_dim;
@@ -401,7 +440,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     if (tp) SERVAL_RETURN_IF_ERROR(tp_gather(attn_.data(), n, q_dim, tp_full_));
     float* const wo_out = tp ? tp_part_.data() : proj_.data();
     const int64_t wo_rows = l.wo.rows;
-    mm(l.wo, tp ? tp_full_.data() : attn_.data(), n, wo_out);
+    mm(l.wo, tp ? tp_full_.data() : attn_.data(), n, wo_out, tok_loras);
     if (!l.bo.empty())
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < wo_rows; ++j) wo_out[(size_t)(i * wo_rows + j)] += l.bo[(size_t)j];
@@ -416,15 +455,15 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     if (c.block.moe) {
       moe_ffn(l, n, mm);
     } else {
-      mm(l.w_gate, xn_.data(), n, gate_.data());
-      mm(l.w_up, xn_.data(), n, up_.data());
+      mm(l.w_gate, xn_.data(), n, gate_.data(), tok_loras);
+      mm(l.w_up, xn_.data(), n, up_.data(), tok_loras);
       blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
       if (tp) {
         SERVAL_RETURN_IF_ERROR(tp_gather(hidden_.data(), n, c.ffn_dim, tp_full_));
         mm(l.w_down, tp_full_.data(), n, tp_part_.data());
         SERVAL_RETURN_IF_ERROR(tp_gather(tp_part_.data(), n, l.w_down.rows, proj_));
       } else {
-        mm(l.w_down, hidden_.data(), n, proj_.data());
+        mm(l.w_down, hidden_.data(), n, proj_.data(), tok_loras);
       }
     }
     if (c.block.post_ffn_norm)
@@ -456,7 +495,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     }
   }
   logits->resize((size_t)(n_out * c.n_vocab));
-  if (n_out > 0) mm(w.output, out_rows_.data(), n_out, logits->data());
+  if (n_out > 0) mm(w.output, out_rows_.data(), n_out, logits->data(), lora_out.empty() ? nullptr : &lora_out);
   if (c.final_softcap > 0.0f) ref::softcap(logits->data(), n_out * c.n_vocab, c.final_softcap);
   return {};
 }

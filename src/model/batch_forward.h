@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "kv_cache/kv_storage.h"
+#include "model/lora.h"
 #include "model/matmul_observer.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
@@ -44,7 +45,9 @@ struct BatchSeq {
   // as long as block_table, -1 for blocks behind the window of start_pos
   // (never read); the layers in that pool read and write through it.
   std::span<const BlockId> swa_block_table;
-
+  // A LoRA adapter (model/lora.h) for this sequence's tokens, or null (the
+  // base model). It must be loaded against this model and outlive the call.
+  const LoraAdapter* lora = nullptr;
 };
 
 struct Batch {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/fp16.h"
 #include "common/splitmix.h"
 #include "gguf/gguf_writer.h"
 #include "kernels/ref/quants.h"
@@ -352,6 +353,54 @@ Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& voca
     if (!moe) matrix(b + "ffn_down.weight", s.dim, s.ffn_dim, tv);
     if (gemma) ones(b + "post_ffw_norm.weight", s.dim);
   }
+  return w.write_file(out_path);
+}
+
+Status write_synthetic_lora(const SynthLoraOptions& opt, const gguf::GgufFile& base, const std::string& out_path) {
+  if (opt.rank < 1 || opt.rank > 4096) return invalid_argument("LoRA rank must be in [1, 4096]");
+  if (opt.type != DType::f32 && opt.type != DType::f16) return invalid_argument("LoRA tensors are written in f32 or f16");
+  if (!(opt.alpha >= 0.0f) || !(opt.std_b >= 0.0f)) return invalid_argument("LoRA alpha and std must be >= 0");
+  auto arch = base.get_string("general.architecture");
+  if (!arch.ok()) return invalid_argument("the base file has no general.architecture");
+  gguf::GgufWriter w;
+  w.add("general.architecture", *arch);
+  w.add("general.type", std::string("adapter"));
+  w.add("adapter.type", std::string("lora"));
+  w.add("adapter.lora.alpha", opt.alpha);
+  w.add("general.name", std::string("serval synthetic LoRA"));
+  uint64_t id = 1;
+  for (const gguf::TensorInfo& t : base.tensors()) {
+    bool want = false;
+    for (const std::string& tg : opt.targets) {
+      const std::string suffix = "." + tg + ".weight";
+      if (tg == "output" ? t.name == "output.weight"
+                         : t.name.rfind("blk.", 0) == 0 && t.name.size() > suffix.size() &&
+                               t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        want = true;
+    }
+    if (!want || t.dims.size() != 2) continue;
+    const int64_t cols = t.dims[0], rows = t.dims[1], r = opt.rank;
+    const DType type = opt.type;
+    const uint64_t seed = opt.seed, ida = id++, idb = id++;
+    const float std_a = 1.0f / std::sqrt((float)cols), std_b = opt.std_b;
+    auto fill = [type, seed](uint64_t tid, int64_t nrows, int64_t ncols, float sd) {
+      return [=](uint8_t* dst, uint64_t) {
+        std::vector<float> row((size_t)ncols);
+        for (int64_t j = 0; j < nrows; ++j) {
+          gaussian_row(seed, tid, (uint64_t)j, sd, row.data(), ncols);
+          if (type == DType::f32) {
+            std::memcpy(dst + (size_t)j * ncols * 4, row.data(), (size_t)ncols * 4);
+          } else {
+            auto* h = reinterpret_cast<uint16_t*>(dst) + (size_t)j * ncols;
+            for (int64_t i = 0; i < ncols; ++i) h[i] = fp32_to_fp16(row[(size_t)i]);
+          }
+        }
+      };
+    };
+    w.add_tensor(t.name + ".lora_a", {cols, r}, type, fill(ida, r, cols, std_a));
+    w.add_tensor(t.name + ".lora_b", {r, rows}, type, fill(idb, rows, r, std_b));
+  }
+  if (id == 1) return invalid_argument("the base file has none of the target matrices");
   return w.write_file(out_path);
 }
 

@@ -62,4 +62,19 @@ struct SynthOptions {
 Status write_synthetic_model(const SynthOptions& opt, const gguf::GgufFile& vocab, const std::string& out_path,
                              ThreadPool* pool = nullptr);
 
+// A random LoRA adapter (llama.cpp's GGUF adapter format, model/lora.h) for
+// the base model file `base`: for each of its matrices named by `targets`
+// (attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down, output),
+// lora_a [rank, cols] ~ N(0, 1/sqrt(cols)) and lora_b [rows, rank] ~ N(0, std_b)
+// (not zero as at a fine-tune's start, so the adapter changes the output).
+struct SynthLoraOptions {
+  int64_t rank = 16;
+  float alpha = 32.0f;
+  float std_b = 0.02f;
+  std::vector<std::string> targets = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  DType type = DType::f32;  // f32 or f16
+  uint64_t seed = 7;
+};
+Status write_synthetic_lora(const SynthLoraOptions& opt, const gguf::GgufFile& base, const std::string& out_path);
+
 }  // namespace serval

@@ -100,7 +100,8 @@ std::optional<ApiError> parse_token_list(const json& arr, int64_t n_vocab, std::
 std::optional<ApiError> resolve_model_name(const std::string& m, const ParseContext& ctx, std::string* out) {
   *out = ctx.model_name;
   if (m.empty()) return std::nullopt;
-  if (m != ctx.model_name && std::find(ctx.model_aliases.begin(), ctx.model_aliases.end(), m) == ctx.model_aliases.end())
+  if (m != ctx.model_name && std::find(ctx.model_aliases.begin(), ctx.model_aliases.end(), m) == ctx.model_aliases.end() &&
+      !(ctx.is_adapter && ctx.is_adapter(m)))
     return ApiError{404, "The model '" + m + "' does not exist (this server serves '" + ctx.model_name + "')",
                     "invalid_request_error", "model", "model_not_found"};
   *out = m;

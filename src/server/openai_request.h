@@ -59,6 +59,8 @@ struct ParseContext {
   const ChatTemplate* chat_template = nullptr;  // null: chat is refused with a 400
   std::string model_name;                      // the served id (answered when "model" is absent)
   std::vector<std::string> model_aliases;      // other ids accepted in "model"
+  // A loaded LoRA adapter's name, also accepted in "model" (null: none).
+  std::function<bool(const std::string&)> is_adapter;
   int64_t n_vocab = 0;
   int64_t max_model_len = 0;
   ApiLimits limits;
@@ -75,7 +77,7 @@ int json_depth(std::string_view text);
 std::variant<nlohmann::ordered_json, ApiError> parse_json_object(const std::string& body, int max_depth);
 
 // A request's "model": absent, null or "" is the served name; another name
-// must be the served one or an alias (else 404 model_not_found).
+// must be the served one, an alias or a LoRA adapter's (else 404 model_not_found).
 std::optional<ApiError> resolve_model_name(const std::string& name, const ParseContext& ctx, std::string* out);
 template <class Json>  // nlohmann::json or ordered_json; null: absent
 std::optional<ApiError> resolve_model(const Json* model, const ParseContext& ctx, std::string* out) {

@@ -514,6 +514,7 @@ Expected<std::unique_ptr<OpenAiServer>> OpenAiServer::create(Engine& engine, Ser
   s->parse_ctx_.chat_template = s->chat_template_ ? &*s->chat_template_ : nullptr;
   s->parse_ctx_.model_name = s->cfg_.model_name;
   s->parse_ctx_.model_aliases = s->cfg_.model_aliases;
+  s->parse_ctx_.is_adapter = [p = s.get()](const std::string& m) { return p->is_adapter(m); };
   s->parse_ctx_.n_vocab = info.n_vocab;
   s->parse_ctx_.max_model_len = info.max_model_len;
   s->parse_ctx_.limits = s->cfg_.limits;
@@ -650,7 +651,17 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
     for (const std::string& id : ids)
       data.push_back({{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "serval"},
                       {"max_model_len", info.max_model_len}});
+    // LoRA adapters as models of their own, their base as parent (as vLLM lists them).
+    for (const LoraInfo& l : engine_.loras())
+      data.push_back({{"id", l.name}, {"object", "model"}, {"created", created}, {"owned_by", "serval"},
+                      {"root", l.path}, {"parent", cfg_.model_name}, {"max_model_len", info.max_model_len},
+                      {"lora", {{"rank", l.rank}, {"scale", l.scale}, {"matrices", l.n_matrices}, {"bytes", l.bytes},
+                                {"resident", l.resident}, {"reloads", l.reloads}}}});
     return send_json(ch, 200, dump(json{{"object", "list"}, {"data", data}}));
+  }
+  if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
+    if (!post) return method_not_allowed(ch, "POST");
+    return handle_lora_admin(req, ch, path == "/v1/load_lora_adapter");
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!post) return method_not_allowed(ch, "POST");
@@ -692,6 +703,76 @@ void OpenAiServer::handle(http::HttpRequest req, std::shared_ptr<http::ResponseC
     return batch_api_->handle(req, owner_of(req), ch);
   }
   send_error(ch, ApiError{404, "no route for " + req.method + " " + path, "invalid_request_error", "", "not_found"});
+}
+
+bool OpenAiServer::is_adapter(const std::string& name) const {
+  if (name.empty()) return false;
+  for (const LoraInfo& l : engine_.loras())
+    if (l.name == name) return true;
+  return false;
+}
+
+Status OpenAiServer::check_adapter_name(const std::string& name) const {
+  if (name.empty() || name.size() > 256)
+    return invalid_argument("lora_name: 1 to 256 characters");
+  for (unsigned char ch : name)
+    if (ch < 0x20 || ch == 0x7f) return invalid_argument("lora_name: no control characters");
+  if (name == cfg_.model_name ||
+      std::find(cfg_.model_aliases.begin(), cfg_.model_aliases.end(), name) != cfg_.model_aliases.end())
+    return invalid_argument("lora_name: '" + name + "' is the base model's name or an alias");
+  return {};
+}
+
+// vLLM's runtime adapter routes: POST /v1/load_lora_adapter
+// {"lora_name", "lora_path"[, "scale"]} and /v1/unload_lora_adapter
+// {"lora_name"}; on only with --lora-runtime (as vLLM needs
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING): they read files named by the client.
+void OpenAiServer::handle_lora_admin(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch,
+                                     bool load) {
+  if (!cfg_.lora_runtime)
+    return send_error(ch, ApiError{404, "loading LoRA adapters at run time is off on this server (see --lora-runtime)",
+                                   "invalid_request_error", "", "not_found"});
+  auto pj = parse_json_object(req.body, cfg_.limits.max_json_depth);
+  if (auto* e = std::get_if<ApiError>(&pj)) return send_error(ch, *e);
+  const auto& j = std::get<nlohmann::ordered_json>(pj);
+  for (const auto& [k, v] : j.items())
+    if (k != "lora_name" && !(load && (k == "lora_path" || k == "scale")))
+      return send_error(ch, bad_request("unknown field '" + k + "'", k));
+  auto str = [&](const char* k) -> std::optional<std::string> {
+    auto it = j.find(k);
+    if (it == j.end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  const auto name = str("lora_name");
+  if (!name) return send_error(ch, bad_request("lora_name: expected a string", "lora_name"));
+  if (!load) {
+    Status st = engine_.unload_lora(*name);
+    if (!st.ok())
+      return send_error(ch, ApiError{404, "The LoRA adapter '" + *name + "' cannot be found.", "invalid_request_error",
+                                     "lora_name", "not_found"});
+    return send_json(ch, 200, dump(json{{"object", "lora_adapter"}, {"id", *name}, {"status", "unloaded"},
+                                        {"message", "Success: LoRA adapter '" + *name + "' removed successfully."}}));
+  }
+  if (Status st = check_adapter_name(*name); !st.ok()) return send_error(ch, bad_request(st.message(), "lora_name"));
+  const auto path = str("lora_path");
+  if (!path || path->empty() || path->size() > 4096)
+    return send_error(ch, bad_request("lora_path: expected a file path", "lora_path"));
+  float scale = 1.0f;
+  if (auto it = j.find("scale"); it != j.end()) {
+    if (!it->is_number() || !(it->get<double>() >= -100.0 && it->get<double>() <= 100.0))
+      return send_error(ch, bad_request("scale: expected a number in [-100, 100]", "scale"));
+    scale = it->get<float>();
+  }
+  if (is_adapter(*name))
+    return send_error(ch, bad_request("The LoRA adapter '" + *name + "' has already been loaded.", "lora_name"));
+  Status st = engine_.load_lora(*name, *path, scale);
+  if (!st.ok()) {
+    ApiError e = bad_request(st.message(), "lora_path");
+    if (st.code() == StatusCode::resource_exhausted) e.status = 429;
+    return send_error(ch, e);
+  }
+  return send_json(ch, 200, dump(json{{"object", "lora_adapter"}, {"id", *name}, {"status", "loaded"},
+                                      {"message", "Success: LoRA adapter '" + *name + "' added successfully."}}));
 }
 
 std::string OpenAiServer::owner_of(const http::HttpRequest& req) const {
@@ -872,6 +953,7 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
       er.priority = job->req.priority;
       er.tenant_salt = salt;
       er.prompt_logprobs = job->req.prompt_logprobs;
+      if (is_adapter(job->req.model)) er.lora = job->req.model;
       auto s = engine_.submit(std::move(er));
       if (!s.ok()) return job->fail(from_status(s.status()));
       job->streams.push_back(*s);
@@ -980,6 +1062,9 @@ void OpenAiServer::handle_embed(const http::HttpRequest& req, const std::shared_
     emb = std::make_shared<EmbeddingsRequest>(std::move(std::get<EmbeddingsRequest>(p)));
     er.inputs = std::move(emb->inputs);
   }
+  if (const std::string& m = rr ? rr->model : emb->model; is_adapter(m))
+    return send_error(ch, bad_request("model: '" + m + "' is a LoRA adapter: adapters generate, they do not embed",
+                                      "model", "model_not_supported"));
   // Admission: embeddings count against the same bounds as generation.
   int64_t need = 0;
   for (const auto& in : er.inputs) need += (int64_t)in.size();

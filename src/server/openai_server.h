@@ -38,6 +38,7 @@ struct ServerConfig {
   bool engine_control = false;               // POST /v1/engine/{pause,resume,step} (--engine-control); off: 404
   bool webui = true;                         // the browser UI at GET / (--no-webui: 404)
   bool metrics_vllm_names = false;           // /metrics also under vLLM's names (--metrics-compat vllm)
+  bool lora_runtime = false;                 // POST /v1/{load,unload}_lora_adapter (--lora-runtime); off: 404
   std::string model_name;                    // id served under /v1/models; empty: from the model
   std::vector<std::string> model_aliases;    // more ids accepted in "model" (--alias; the file's name); the
                                              // first `listed_aliases` are listed under /v1/models too
@@ -91,6 +92,11 @@ class OpenAiServer {
   // Routes /v1/files and /v1/batches to `api` (not owned; null: 404).
   void set_batch_api(BatchApi* api) { batch_api_ = api; }
   const std::string& model_name() const { return cfg_.model_name; }
+  // A loaded LoRA adapter's name (Engine::loras)?
+  bool is_adapter(const std::string& name) const;
+  // A name an adapter may take: 1 to 256 characters, no control characters,
+  // not the base model's name or an alias.
+  Status check_adapter_name(const std::string& name) const;
 
   struct Job;
 
@@ -124,6 +130,7 @@ class OpenAiServer {
   void handle_detokenize(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
   // /v1/sessions[/{id}[/save|/restore]] (sessions.h).
   void handle_session(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch);
+  void handle_lora_admin(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch, bool load);
   void save_session(const http::HttpRequest& req, const std::shared_ptr<http::ResponseChannel>& ch,
                     const std::string& id);
   // Admission of embedding and session work: one request and `need` tokens
