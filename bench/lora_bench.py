@@ -9,6 +9,7 @@ adapter (so both modes run in the same process, interleaved A B A B over
 Usage:
   python3 bench/lora_bench.py --serval build/serval --model /tmp/models/tinyllama-q4_0.gguf \\
       [--adapters 8] [--rank 16] [--streams 16] [--gen-len 64] [--rounds 3] [--threads 2]
+      [--targets attn_q,attn_k,attn_v,attn_output]
   --smoke: stories260K, 2 adapters, 4 streams (CI: the script keeps working)
 """
 
@@ -65,6 +66,7 @@ def main():
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--targets", default="", help="matrices to adapt (synth-lora --targets; default: all but output)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--shared", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
@@ -79,7 +81,8 @@ def main():
         for k in range(a.adapters):
             path = os.path.join(tmp, f"a{k}.gguf")
             subprocess.run([a.serval, "gguf", "synth-lora", "--base", a.model, "-o", path, "--rank", str(a.rank),
-                            "--alpha", str(2 * a.rank), "--seed", str(k + 1), "--type", "f16"],
+                            "--alpha", str(2 * a.rank), "--seed", str(k + 1), "--type", "f16",
+                            *(["--targets", *a.targets.split(",")] if a.targets else [])],
                            check=True, capture_output=True)
             lora_args += ["--lora", f"a{k}={path}"]
         cmd = [a.serval, "serve", "-m", a.model, "--port", "0", "-t", str(a.threads), "--no-batch",
@@ -95,7 +98,8 @@ def main():
             got["mixed"].append(round_tps(port, mixed, prompts, a.gen_len))
         b, m = statistics.median(got["base"]), statistics.median(got["mixed"])
         print(f"# {a.streams} streams x {a.gen_len} tokens, {a.adapters} adapters of rank {a.rank} "
-              f"(f16), {a.threads} threads, model {a.model}, {a.rounds} rounds interleaved")
+              f"(f16; {a.targets or 'all but output'}), {a.threads} threads, model {a.model}, "
+              f"{a.rounds} rounds interleaved")
         print(f"base only        : {b:8.1f} tokens/s (rounds {', '.join(f'{x:.1f}' for x in got['base'])})")
         print(f"mixed adapters   : {m:8.1f} tokens/s (rounds {', '.join(f'{x:.1f}' for x in got['mixed'])})")
         print(f"mixed / base     : {m / b:8.3f}")

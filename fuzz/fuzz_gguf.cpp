@@ -40,8 +40,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (auto a = LoraAdapter::from_file(*f, *base); a.ok()) {
       for (const auto& [m, d] : (*a)->deltas()) {
         fuzz::require(d.rows == m->rows && d.cols == m->cols, "an adapter's deltas fit their base matrices");
-        fuzz::require(d.at.size() == (size_t)(d.cols * d.rank) && d.bt.size() == (size_t)(d.rank * d.rows),
-                      "A and B hold rank x shape floats");
+        const size_t na = d.f16 ? d.at16.size() : d.at.size(), nb = d.f16 ? d.bt16.size() : d.bt.size();
+        fuzz::require(na == (size_t)(d.cols * d.rank) && nb == (size_t)(d.rank * d.rows),
+                      "A and B hold rank x shape elements");
       }
     } else {
       fuzz::require(!a.status().message().empty(), "a refused adapter has a message");

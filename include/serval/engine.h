@@ -293,6 +293,11 @@ struct EngineStats {
   int32_t n_expert = 0;
   double kv_waste_ratio = 0;            // unfilled slots / allocated slots, averaged over steps
   size_t running = 0, waiting = 0;
+  // LoRA adapters (by name, sorted) with a request started / only queued,
+  // and the most held at once (EngineConfig::max_loras, else kMaxLoras; 0
+  // while no adapter is loaded).
+  std::vector<std::string> lora_running, lora_waiting;
+  int32_t max_loras = 0;
   int64_t prefix_cached_blocks = 0;     // blocks held by the prefix cache (in use or reusable)
   // Lower tiers: their counters, the prompt tokens served from them (part of
   // prefix_hit_tokens) and tier blocks that failed their check on load.

@@ -3,6 +3,7 @@
 #include "engine/engine_impl.h"
 
 #include <algorithm>
+#include <set>
 
 #include "engine/token_trie_for.h"
 
@@ -456,6 +457,11 @@ void Engine::Impl::after_step(const SchedulerOutput& out, std::span<const std::v
 
 void Engine::Impl::publish_stats() {
   const auto ks = kv->stats();
+  size_t n_loras = 0;
+  {
+    std::lock_guard<std::mutex> lk(lora_mu);
+    n_loras = loras.size();
+  }
   std::lock_guard<std::mutex> lk(stats_mu);
   stats.preemptions = sched->n_preemptions();
   stats.prefix_query_tokens = ks.prefix_query_tokens;
@@ -478,6 +484,15 @@ void Engine::Impl::publish_stats() {
   stats.kv_waste_ratio = waste_steps ? waste_sum / (double)waste_steps : 0.0;
   stats.running = sched->n_running();
   stats.waiting = sched->n_waiting();
+  // The adapters in use (the router signal vllm:lora_requests_info).
+  std::set<std::string> run_names, wait_names;
+  for (const auto& [id, rs] : requests)
+    if (rs->lora) (rs->scheduled_ns ? run_names : wait_names).insert(rs->req.lora);
+  stats.lora_running.assign(run_names.begin(), run_names.end());
+  stats.lora_waiting.clear();
+  for (const std::string& n : wait_names)
+    if (!run_names.count(n)) stats.lora_waiting.push_back(n);
+  stats.max_loras = cfg.max_loras > 0 ? cfg.max_loras : n_loras ? Engine::kMaxLoras : 0;
 }
 
 // Blocks until there is something to do (a request, a cancel, unfinished

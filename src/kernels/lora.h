@@ -18,5 +18,10 @@ namespace serval::kernels {
 
 void lora_row(const float* at, const float* bt, int64_t rank, int64_t cols, int64_t rows, float scale,
               const float* x, float* y, float* t);
+// The same with A and B stored as F16 (half the bytes to read: an adapter's
+// weights are read once per step): bit-identical to lora_row on the widened
+// values (each block is widened into a buffer, then the same loops run).
+void lora_row_f16(const uint16_t* at, const uint16_t* bt, int64_t rank, int64_t cols, int64_t rows, float scale,
+                  const float* x, float* y, float* t);
 
 }  // namespace serval::kernels

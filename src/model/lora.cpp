@@ -120,21 +120,34 @@ Expected<std::shared_ptr<const LoraAdapter>> LoraAdapter::from_file(const gguf::
       return invalid_argument("LoRA tensor '" + base_name + "': .lora_a rank " + std::to_string(rank) +
                               " but .lora_b rank " + std::to_string(tb->dims[0]) + " (lora_a not transposed?)");
     if (rank < 1 || rank > 4096) return invalid_argument("LoRA tensor '" + base_name + "': rank out of [1, 4096]");
-    auto A = widen(f, t);
-    if (!A.ok()) return A.status();
-    auto B = widen(f, *tb);
-    if (!B.ok()) return B.status();
     LoraDelta d;
     d.rank = rank;
     d.rows = m->rows;
     d.cols = m->cols;
     d.name = base_name;
-    d.at.resize((size_t)(d.cols * rank));
-    for (int64_t k = 0; k < rank; ++k)
-      for (int64_t i = 0; i < d.cols; ++i) d.at[(size_t)(i * rank + k)] = (*A)[(size_t)(k * d.cols + i)];
-    d.bt.resize((size_t)(rank * d.rows));
-    for (int64_t j = 0; j < d.rows; ++j)
-      for (int64_t k = 0; k < rank; ++k) d.bt[(size_t)(k * d.rows + j)] = (*B)[(size_t)(j * rank + k)];
+    if (t.type == DType::f16 && tb->type == DType::f16) {
+      // Kept as stored (transposed): the steps read half the bytes.
+      const auto* A = reinterpret_cast<const uint16_t*>(f.tensor_data(t).data());
+      const auto* B = reinterpret_cast<const uint16_t*>(f.tensor_data(*tb).data());
+      d.f16 = true;
+      d.at16.resize((size_t)(d.cols * rank));
+      for (int64_t k = 0; k < rank; ++k)
+        for (int64_t i = 0; i < d.cols; ++i) std::memcpy(&d.at16[(size_t)(i * rank + k)], A + k * d.cols + i, 2);
+      d.bt16.resize((size_t)(rank * d.rows));
+      for (int64_t j = 0; j < d.rows; ++j)
+        for (int64_t k = 0; k < rank; ++k) std::memcpy(&d.bt16[(size_t)(k * d.rows + j)], B + j * rank + k, 2);
+    } else {
+      auto A = widen(f, t);
+      if (!A.ok()) return A.status();
+      auto B = widen(f, *tb);
+      if (!B.ok()) return B.status();
+      d.at.resize((size_t)(d.cols * rank));
+      for (int64_t k = 0; k < rank; ++k)
+        for (int64_t i = 0; i < d.cols; ++i) d.at[(size_t)(i * rank + k)] = (*A)[(size_t)(k * d.cols + i)];
+      d.bt.resize((size_t)(rank * d.rows));
+      for (int64_t j = 0; j < d.rows; ++j)
+        for (int64_t k = 0; k < rank; ++k) d.bt[(size_t)(k * d.rows + j)] = (*B)[(size_t)(j * rank + k)];
+    }
     // One scale for the adapter (llama.cpp: alpha / rank with the rank of each
     // tensor; adapters use one rank throughout, and a mix is refused).
     const float s = alpha > 0.0f ? user_scale * alpha / (float)rank : user_scale;
@@ -151,9 +164,20 @@ Expected<std::shared_ptr<const LoraAdapter>> LoraAdapter::from_file(const gguf::
   return std::shared_ptr<const LoraAdapter>(std::move(out));
 }
 
+float LoraDelta::a(int64_t k, int64_t i) const {
+  const size_t e = (size_t)(i * rank + k);
+  return f16 ? fp16_to_fp32(at16[e]) : at[e];
+}
+
+float LoraDelta::b(int64_t j, int64_t k) const {
+  const size_t e = (size_t)(k * rows + j);
+  return f16 ? fp16_to_fp32(bt16[e]) : bt[e];
+}
+
 size_t LoraAdapter::bytes() const {
   size_t n = 0;
-  for (const auto& [m, d] : by_matrix_) n += (d.at.size() + d.bt.size()) * sizeof(float);
+  for (const auto& [m, d] : by_matrix_)
+    n += (d.at.size() + d.bt.size()) * sizeof(float) + (d.at16.size() + d.bt16.size()) * sizeof(uint16_t);
   return n;
 }
 
@@ -165,8 +189,12 @@ void apply_lora(std::span<const LoraRow> rows, const float* x, float* y, ThreadP
       const LoraRow& lr = rows[(size_t)q];
       const LoraDelta& d = *lr.d;
       if ((int64_t)t.size() < d.rank) t.resize((size_t)d.rank);
-      kernels::lora_row(d.at.data(), d.bt.data(), d.rank, d.cols, d.rows, lr.scale, x + lr.row * d.cols,
-                        y + lr.row * d.rows, t.data());
+      if (d.f16)
+        kernels::lora_row_f16(d.at16.data(), d.bt16.data(), d.rank, d.cols, d.rows, lr.scale, x + lr.row * d.cols,
+                              y + lr.row * d.rows, t.data());
+      else
+        kernels::lora_row(d.at.data(), d.bt.data(), d.rank, d.cols, d.rows, lr.scale, x + lr.row * d.cols,
+                          y + lr.row * d.rows, t.data());
     }
   };
   const int64_t n = (int64_t)rows.size();
@@ -186,8 +214,7 @@ std::vector<float> merged_matrix(const Matrix& m, const LoraDelta& d, float scal
     ref::dequantize_row(m.type, m.data + (size_t)j * rb, wr, m.cols);
     for (int64_t i = 0; i < m.cols; ++i) {
       double ba = 0;  // (B·A)[j][i] = sum_k B[j][k] A[k][i]
-      for (int64_t k = 0; k < d.rank; ++k)
-        ba += (double)d.bt[(size_t)(k * d.rows + j)] * (double)d.at[(size_t)(i * d.rank + k)];
+      for (int64_t k = 0; k < d.rank; ++k) ba += (double)d.b(j, k) * (double)d.a(k, i);
       wr[i] += (float)(scale * ba);
     }
   }

@@ -39,11 +39,17 @@
 namespace serval {
 
 // The low-rank update of one base matrix ([rows, cols]).
+// A and B are kept in F16 when the file stores both so (half the bytes the
+// steps read), else widened to F32.
 struct LoraDelta {
   int64_t rank = 0, rows = 0, cols = 0;
-  std::string name;        // the base tensor's name
-  std::vector<float> at;   // A transposed: [cols][rank]
-  std::vector<float> bt;   // B transposed: [rank][rows]
+  std::string name;           // the base tensor's name
+  bool f16 = false;           // at16/bt16 hold A and B, else at/bt
+  std::vector<float> at;      // A transposed: [cols][rank]
+  std::vector<float> bt;      // B transposed: [rank][rows]
+  std::vector<uint16_t> at16, bt16;
+  float a(int64_t k, int64_t i) const;  // A[k][i], widened
+  float b(int64_t j, int64_t k) const;  // B[j][k], widened
 };
 
 class LoraAdapter {
@@ -64,7 +70,7 @@ class LoraAdapter {
   float alpha() const { return alpha_; }
   int64_t rank() const { return rank_; }  // the largest rank of its tensors
   size_t n_matrices() const { return by_matrix_.size(); }
-  size_t bytes() const;  // of its F32 copies
+  size_t bytes() const;  // of its copies of A and B
   // For each adapted base matrix, in no particular order.
   const std::unordered_map<const Matrix*, LoraDelta>& deltas() const { return by_matrix_; }
 

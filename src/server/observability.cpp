@@ -379,11 +379,19 @@ void Observability::write_vllm_aliases(mt::ExpositionWriter& w, const EngineStat
                               {"num_gpu_blocks", std::to_string(s.kv_blocks_total)},
                               {"model_name", cfg_.model_name}}),
            1.0);
-  // No LoRA adapters are served yet: empty lists, max_lora 0. The value is the
+  // The adapters with requests running / only waiting, comma-separated, and
+  // the most held in memory (--max-loras; 0: no bound). The value is the
   // scrape time, as vLLM's (routers take the newest sample).
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& n : v) out += (out.empty() ? "" : ",") + n;
+    return out;
+  };
   w.header("vllm:lora_requests_info", "LoRA adapters running and waiting (labels).", T::gauge);
   w.sample("vllm:lora_requests_info",
-           mt::render_labels({{"max_lora", "0"}, {"running_lora_adapters", ""}, {"waiting_lora_adapters", ""}}),
+           mt::render_labels({{"max_lora", std::to_string(s.max_loras)},
+                              {"running_lora_adapters", join(s.lora_running)},
+                              {"waiting_lora_adapters", join(s.lora_waiting)}}),
            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 

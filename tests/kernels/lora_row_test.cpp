@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "common/fp16.h"
 #include "kernels/lora.h"
 
 using namespace serval;
@@ -47,5 +48,21 @@ TEST(LoraRow, MatchesTheUpdateInDouble) {
     kernels::lora_row(bt.data(), at.data(), 1, rows, 1, 0.5f, y0.data(), junk.data(), t.data());
     kernels::lora_row(at.data(), bt.data(), rank, cols, rows, scale, x.data(), y2.data(), t.data());
     EXPECT_EQ(std::memcmp(y.data(), y2.data(), y.size() * 4), 0);
+  }
+}
+
+// F16 A and B: the same bytes as the F32 kernel on the widened values.
+TEST(LoraRow, F16EqualsF32OnTheWidenedValues) {
+  for (const auto& [rank, cols, rows] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {16, 256, 128}, {19, 203, 150}, {3, 64, 64}, {32, 130, 70}, {48, 70, 200}, {1, 5, 1}}) {
+    auto at = randn((size_t)(cols * rank), 5, 0.1f), bt = randn((size_t)(rank * rows), 6, 0.1f);
+    std::vector<uint16_t> at16(at.size()), bt16(bt.size());
+    for (size_t i = 0; i < at.size(); ++i) at[i] = fp16_to_fp32(at16[i] = fp32_to_fp16(at[i]));
+    for (size_t i = 0; i < bt.size(); ++i) bt[i] = fp16_to_fp32(bt16[i] = fp32_to_fp16(bt[i]));
+    const auto x = randn((size_t)cols, 7, 1.0f), y0 = randn((size_t)rows, 8, 1.0f);
+    std::vector<float> y32 = y0, y16 = y0, t((size_t)rank);
+    kernels::lora_row(at.data(), bt.data(), rank, cols, rows, 0.75f, x.data(), y32.data(), t.data());
+    kernels::lora_row_f16(at16.data(), bt16.data(), rank, cols, rows, 0.75f, x.data(), y16.data(), t.data());
+    EXPECT_EQ(std::memcmp(y32.data(), y16.data(), y32.size() * 4), 0) << rank << "x" << cols << "x" << rows;
   }
 }

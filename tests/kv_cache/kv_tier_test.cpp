@@ -390,6 +390,13 @@ struct Rig {
     }
     return true;
   }
+  // Runs a then b in a disk-only rig whose pool holds one of them: a's blocks
+  // are on disk (written) afterwards.
+  void a_to_disk(const Toks& a, const Toks& b) {
+    run(1, a);
+    run(2, b);
+    tiers->disk()->drain();
+  }
   // Runs a prompt to completion ("computing" the blocks it did not hit) and frees it.
   int64_t run(SeqId s, const Toks& t) {
     const int64_t hit = kv->acquire_cached_prefix(s, t, {});
@@ -463,9 +470,7 @@ TEST(TieredKvStore, DamagedBlockShortensTheHit) {
   TempDir d;
   Rig r(KvTierConfig{0, d.path.string(), 1 << 20, {1, 1}});
   const Toks a = range(100, 21), b = range(200, 21);
-  r.run(1, a);
-  r.run(2, b);  // a's blocks go to disk
-  r.tiers->disk()->drain();
+  r.a_to_disk(a, b);
   bool damaged = false;
   for (const auto& f : d.files(".kvb")) {
     std::ifstream in(f, std::ios::binary);
@@ -493,9 +498,7 @@ TEST(TieredKvStore, PrefixIsReadyOnlyOnceItsDiskBlocksAreRead) {
   TempDir d;
   Rig r(KvTierConfig{0, d.path.string(), 1 << 20, {1, 1}});
   const Toks a = range(100, 21), b = range(200, 21);
-  r.run(1, a);
-  r.run(2, b);  // a's blocks go to disk
-  r.tiers->disk()->drain();
+  r.a_to_disk(a, b);
   EXPECT_TRUE(r.kv->prefix_ready(b, {}));  // b is in the pool
   EXPECT_FALSE(r.kv->prefix_ready(a, {}));  // its reads start now
   bool ready = false;

@@ -87,9 +87,10 @@ const std::vector<TokenId> kPrompt = {1, 403, 407, 261, 378, 432, 383, 286, 261,
 
 }  // namespace
 
-TEST(Lora, AdapterEqualsTheMergedModel) {
+void check_against_merged(DType type) {
   Files fs;
   SynthLoraOptions o;
+  o.type = type;
   o.rank = 8;
   o.alpha = 16;
   o.std_b = 0.05f;
@@ -100,6 +101,7 @@ TEST(Lora, AdapterEqualsTheMergedModel) {
   auto a = LoraAdapter::load(lp, *base, 0.75f);
   ASSERT_TRUE(a.ok()) << a.status().message();
   EXPECT_EQ((*a)->n_matrices(), 5u * 7 + 1);
+  EXPECT_EQ((*a)->deltas().begin()->second.f16, type == DType::f16);
   EXPECT_FLOAT_EQ((*a)->scale(), 0.75f * 16 / 8);
   const std::string merged_path = fs.add("merged.gguf");
   ASSERT_TRUE(write_merged_model(*base, **a, merged_path).ok());
@@ -121,10 +123,14 @@ TEST(Lora, AdapterEqualsTheMergedModel) {
       max_change = std::max(max_change, std::abs(lw[i] - lp0[i]));
     }
   }
-  std::printf("adapter vs merged: max |d log-prob| %.2e; adapter vs base: %.3f\n", max_err, max_change);
+  std::printf("%s adapter vs merged: max |d log-prob| %.2e; adapter vs base: %.3f\n",
+              std::string(dtype_name(type)).c_str(), max_err, max_change);
   EXPECT_LE(max_err, 1e-4) << "adapter vs merged log-probs";
   EXPECT_GE(max_change, 0.05) << "the adapter must change the output for the comparison to mean anything";
 }
+
+TEST(Lora, AdapterEqualsTheMergedModel) { check_against_merged(DType::f32); }
+TEST(Lora, F16AdapterEqualsTheMergedModel) { check_against_merged(DType::f16); }
 
 TEST(Lora, MixedAdapterBatchIsBitIdenticalToSoloRuns) {
   Files fs;
@@ -137,6 +143,7 @@ TEST(Lora, MixedAdapterBatchIsBitIdenticalToSoloRuns) {
     o.seed = 100 + (uint64_t)i;
     o.std_b = 0.05f;
     if (i == 2) o.targets = {"attn_v", "ffn_down", "output"};
+    if (i == 1) o.type = DType::f16;  // kept in F16 (lora_row_f16)
     auto a = LoraAdapter::load(synth_lora(fs, "m" + std::to_string(i) + ".gguf", o), *base);
     ASSERT_TRUE(a.ok()) << a.status().message();
     ads.push_back(*a);

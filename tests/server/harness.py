@@ -490,6 +490,16 @@ _live = set()
 _live_lock = threading.Lock()
 
 
+def wait_in_engine(port, n, timeout=30):
+    """With the engine paused (--engine-control): steps it one step at a time
+    until n requests are in it (running or waiting); True when they are."""
+    def in_engine():
+        post(port, "/v1/engine/step", {"steps": 1})
+        s = get(port, "/v1/engine/state").json()["requests"]
+        return s["running"] + s["waiting"] == n
+    return wait_until(in_engine, timeout)[0] is True
+
+
 def free_port():
     """A port free now (for a test's own listener that binds it at once)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -18,7 +18,7 @@ import tempfile
 import threading
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-from harness import Config, Server, Suite, check, check_error_body, eq, get, post, run_threads, wait_until  # noqa: E402
+from harness import Config, Server, Suite, check, check_error_body, eq, get, post, parse_metrics, run_threads, wait_in_engine  # noqa: E402
 
 suite = Suite("server_lora")
 TMP = tempfile.mkdtemp(prefix="serval-lora-test-")
@@ -92,7 +92,8 @@ def adapter_answers_like_its_merged_model(_):
 @suite.test
 def runtime_load_and_unload_under_load_lose_no_request(_):
     ad = adapters()
-    with Server("--lora-runtime", "--engine-control", "--max-seqs", "8", name="lora-runtime") as srv:
+    with Server("--lora-runtime", "--engine-control", "--metrics-compat", "vllm", "--max-seqs", "8",
+                name="lora-runtime") as srv:
         r = post(srv.port, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": ad["a"]})
         eq(r.status, 200, f"load ({r})")
         check("a" in {d["id"] for d in get(srv.port, "/v1/models").json()["data"]}, "listed after load")
@@ -105,11 +106,11 @@ def runtime_load_and_unload_under_load_lose_no_request(_):
         for t in threads:
             t.start()
         try:
-            def in_engine():
-                post(srv.port, "/v1/engine/step", {"steps": 1})
-                s = get(srv.port, "/v1/engine/state").json()["requests"]
-                return s["running"] + s["waiting"] == 6
-            eq(wait_until(in_engine, 30)[0], True, "six requests for a in the engine")
+            check(wait_in_engine(srv.port, 6), "six requests for a in the engine")
+            # The router signal names the adapter in use.
+            info = parse_metrics(get(srv.port, "/metrics").body.decode())[0]["vllm:lora_requests_info"][0][0]
+            eq((info["running_lora_adapters"], info["waiting_lora_adapters"], info["max_lora"]), ("a", "", "256"),
+               "vllm:lora_requests_info")
             eq(post(srv.port, "/v1/load_lora_adapter", {"lora_name": "b", "lora_path": ad["b"]}).status, 200, "load b")
             eq(post(srv.port, "/v1/unload_lora_adapter", {"lora_name": "a"}).status, 200, "unload a")
         finally:

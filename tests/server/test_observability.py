@@ -31,7 +31,7 @@ import urllib.request
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from harness import (  # noqa: E402
     REPO, Config, Server, Suite, check, check_error_body, eq, free_port, get, parse_metrics, post, short, stream,
-    wait_until)
+    wait_in_engine, wait_until)
 
 suite = Suite("server_observability")
 PROMPT = "Once upon a time"
@@ -355,11 +355,7 @@ def vllm_metric_names_for_routers(ctx):
         for t in threads:
             t.start()
         try:
-            def in_engine():
-                post(srv.port, "/v1/engine/step", {"steps": 1})
-                s = get(srv.port, "/v1/engine/state").json()["requests"]
-                return s["running"] + s["waiting"] == 3
-            wait_until(in_engine, 30)
+            wait_in_engine(srv.port, 3)
             m, _, types = parse_metrics(get(srv.port, "/metrics").body.decode())
         finally:
             post(srv.port, "/v1/engine/resume", {})
