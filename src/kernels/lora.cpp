@@ -1,5 +1,7 @@
 #include "kernels/lora.h"
 
+#include <cstring>
+
 #include "common/fp16.h"
 #include "kernels/matmul.h"
 #include "kernels/x86/target.h"
@@ -12,58 +14,15 @@ namespace serval::kernels {
 
 namespace {
 
-// The body, written once and compiled for each target. A: 16 ranks at a time,
-// in four partial sums over i mod 4 (independent FMA chains), added as
-// (s0 + s1) + (s2 + s3). B: 64 outputs at a time held in registers while k
-// runs in order, so y[j] + ts[0] b[0][j] + ts[1] b[1][j] + ... in k order.
-#define SERVAL_LORA_ROW_BODY                                                     \
-  int64_t kb = 0;                                                                \
-  for (; kb + 16 <= rank; kb += 16) {                                            \
-    float s0[16] = {0}, s1[16] = {0}, s2[16] = {0}, s3[16] = {0};                \
-    int64_t i = 0;                                                               \
-    for (; i + 4 <= cols; i += 4) {                                              \
-      const float* a = at + i * rank + kb;                                       \
-      const float x0 = x[i], x1 = x[i + 1], x2 = x[i + 2], x3 = x[i + 3];        \
-      for (int k = 0; k < 16; ++k) {                                             \
-        s0[k] += a[k] * x0;                                                      \
-        s1[k] += a[rank + k] * x1;                                               \
-        s2[k] += a[2 * rank + k] * x2;                                           \
-        s3[k] += a[3 * rank + k] * x3;                                           \
-      }                                                                          \
-    }                                                                            \
-    for (; i < cols; ++i)                                                        \
-      for (int k = 0; k < 16; ++k) s0[k] += at[i * rank + kb + k] * x[i];        \
-    for (int k = 0; k < 16; ++k) t[kb + k] = ((s0[k] + s1[k]) + (s2[k] + s3[k])) * scale; \
-  }                                                                              \
-  for (int64_t k = kb; k < rank; ++k) {                                          \
-    float acc = 0.0f;                                                            \
-    for (int64_t i = 0; i < cols; ++i) acc += at[i * rank + k] * x[i];           \
-    t[k] = acc * scale;                                                          \
-  }                                                                              \
-  int64_t j0 = 0;                                                                \
-  for (; j0 + 64 <= rows; j0 += 64) {                                            \
-    float acc[64];                                                               \
-    for (int jj = 0; jj < 64; ++jj) acc[jj] = y[j0 + jj];                        \
-    for (int64_t k = 0; k < rank; ++k) {                                         \
-      const float tk = t[k];                                                     \
-      const float* bk = bt + k * rows + j0;                                      \
-      for (int jj = 0; jj < 64; ++jj) acc[jj] += bk[jj] * tk;                    \
-    }                                                                            \
-    for (int jj = 0; jj < 64; ++jj) y[j0 + jj] = acc[jj];                        \
-  }                                                                              \
-  for (int64_t j = j0; j < rows; ++j) {                                          \
-    float acc = y[j];                                                            \
-    for (int64_t k = 0; k < rank; ++k) acc += bt[k * rows + j] * t[k];           \
-    y[j] = acc;                                                                  \
-  }
-
-// The same arithmetic over F16 A and B: each chunk of 64 columns of A (16
-// ranks) and each 16-rank x 64-output block of B is widened into a buffer
-// first (CVT16(src, dst): 16 halves to floats), then the F32 loops run on it
-// in the F32 body's order, so the result equals the F32 kernel's on the
-// widened values, bit for bit. Ranks past a multiple of 16 and outputs past a
-// multiple of 64 widen element by element.
-#define SERVAL_LORA_ROW_F16_BODY(CVT16)                                          \
+// The body, written once for both element types (CVT16(src, dst): 16
+// elements to floats; LD(p): one) and compiled for each target. Each chunk of
+// 64 columns of A (16 ranks) and each 16-rank x 64-output block of B is put
+// into a float buffer first, then the loops run on it: A in four partial
+// sums over i mod 4 (independent chains), added as (s0 + s1) + (s2 + s3); B
+// with 64 outputs held in registers while k runs in order. The F16 variant
+// thus equals the F32 one on the widened values, bit for bit. Ranks past a
+// multiple of 16 and outputs past a multiple of 64 go element by element.
+#define SERVAL_LORA_ROW_BODY(CVT16, LD)                                          \
   constexpr int64_t IC = 64;                                                     \
   float buf[IC * 16];                                                            \
   int64_t kb = 0;                                                                \
@@ -90,7 +49,7 @@ namespace {
   }                                                                              \
   for (int64_t k = kb; k < rank; ++k) {                                          \
     float acc = 0.0f;                                                            \
-    for (int64_t i = 0; i < cols; ++i) acc += fp16_to_fp32(at[i * rank + k]) * x[i]; \
+    for (int64_t i = 0; i < cols; ++i) acc += LD(at + i * rank + k) * x[i]; \
     t[k] = acc * scale;                                                          \
   }                                                                              \
   int64_t j0 = 0;                                                                \
@@ -111,28 +70,31 @@ namespace {
   }                                                                              \
   for (int64_t j = j0; j < rows; ++j) {                                          \
     float acc = y[j];                                                            \
-    for (int64_t k = 0; k < rank; ++k) acc += fp16_to_fp32(bt[k * rows + j]) * t[k]; \
+    for (int64_t k = 0; k < rank; ++k) acc += LD(bt + k * rows + j) * t[k]; \
     y[j] = acc;                                                                  \
   }
 
 #define SERVAL_CVT16_SCALAR(src, dst) \
   for (int e = 0; e < 16; ++e) (dst)[e] = fp16_to_fp32((src)[e])
+#define SERVAL_LD_F16(p) fp16_to_fp32(*(p))
+#define SERVAL_CVT16_F32(src, dst) std::memcpy((dst), (src), 16 * sizeof(float))
+#define SERVAL_LD_F32(p) (*(p))
 
 void lora_row_f16_base(const uint16_t* at, const uint16_t* bt, int64_t rank, int64_t cols, int64_t rows, float scale,
                        const float* x, float* y, float* t) {
-  SERVAL_LORA_ROW_F16_BODY(SERVAL_CVT16_SCALAR)
+  SERVAL_LORA_ROW_BODY(SERVAL_CVT16_SCALAR, SERVAL_LD_F16)
 }
 
 void lora_row_base(const float* at, const float* bt, int64_t rank, int64_t cols, int64_t rows, float scale,
                    const float* x, float* y, float* t) {
-  SERVAL_LORA_ROW_BODY
+  SERVAL_LORA_ROW_BODY(SERVAL_CVT16_F32, SERVAL_LD_F32)
 }
 
 #if defined(__x86_64__)
 SERVAL_TARGET_BEGIN("avx2,fma,f16c")
 void lora_row_avx2(const float* at, const float* bt, int64_t rank, int64_t cols, int64_t rows, float scale,
                    const float* x, float* y, float* t) {
-  SERVAL_LORA_ROW_BODY
+  SERVAL_LORA_ROW_BODY(SERVAL_CVT16_F32, SERVAL_LD_F32)
 }
 #define SERVAL_CVT16_AVX2(src, dst)                                                                  \
   do {                                                                                               \
@@ -142,7 +104,7 @@ void lora_row_avx2(const float* at, const float* bt, int64_t rank, int64_t cols,
   } while (0)
 void lora_row_f16_avx2(const uint16_t* at, const uint16_t* bt, int64_t rank, int64_t cols, int64_t rows, float scale,
                        const float* x, float* y, float* t) {
-  SERVAL_LORA_ROW_F16_BODY(SERVAL_CVT16_AVX2)
+  SERVAL_LORA_ROW_BODY(SERVAL_CVT16_AVX2, SERVAL_LD_F16)
 }
 SERVAL_TARGET_END
 
@@ -150,20 +112,19 @@ SERVAL_AVX512_DIAGNOSTICS_BEGIN
 SERVAL_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512vl,avx512bw")
 void lora_row_avx512(const float* at, const float* bt, int64_t rank, int64_t cols, int64_t rows, float scale,
                      const float* x, float* y, float* t) {
-  SERVAL_LORA_ROW_BODY
+  SERVAL_LORA_ROW_BODY(SERVAL_CVT16_F32, SERVAL_LD_F32)
 }
 #define SERVAL_CVT16_AVX512(src, dst) \
   _mm512_storeu_ps((dst), _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))))
 void lora_row_f16_avx512(const uint16_t* at, const uint16_t* bt, int64_t rank, int64_t cols, int64_t rows,
                          float scale, const float* x, float* y, float* t) {
-  SERVAL_LORA_ROW_F16_BODY(SERVAL_CVT16_AVX512)
+  SERVAL_LORA_ROW_BODY(SERVAL_CVT16_AVX512, SERVAL_LD_F16)
 }
 SERVAL_TARGET_END
 SERVAL_AVX512_DIAGNOSTICS_END
 #endif
 
 #undef SERVAL_LORA_ROW_BODY
-#undef SERVAL_LORA_ROW_F16_BODY
 
 using RowFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t, float, const float*, float*, float*);
 
