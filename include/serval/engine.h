@@ -34,6 +34,7 @@ namespace serval {
 class TensorParallelLink;  // engine/tensor_parallel_link.h
 
 class Model;
+class ThreadPool;
 class Tokenizer;
 
 // Speculative decoding (docs/SPECULATIVE.md): drafted tokens are verified by
@@ -51,6 +52,10 @@ struct SpecConfig {
 
 struct EngineConfig {
   int n_threads = 0;                    // 0: physical cores
+  // Compute threads shared with other engines in this process (several
+  // models behind one server: their steps' parallel_fors take turns);
+  // null: the engine makes its own pool of n_threads.
+  std::shared_ptr<ThreadPool> pool;
   size_t kv_memory_bytes = 256u << 20;  // device KV pool; see parse_kv_memory()
   size_t swap_memory_bytes = 0;         // host swap space for preemption by swapping (0: recompute only)
   int32_t block_size = 16;              // tokens per KV block

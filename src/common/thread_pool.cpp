@@ -65,6 +65,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
+  std::lock_guard<std::mutex> call(call_mu_);
   fn_ = &fn;
   n_ = n;
   pending_.store(chunks, std::memory_order_relaxed);

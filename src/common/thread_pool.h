@@ -2,8 +2,11 @@
 //
 // parallel_for(n, fn) splits [0, n) into contiguous chunks, runs fn(begin, end)
 // on the workers and on the calling thread, and returns when all are done.
-// Call it from one thread at a time (the engine/run loop); fn must not call
+// Call it from one thread at a time per job (the engine/run loop); fn must not call
 // back into the pool. With n_threads == 1 everything runs on the caller.
+// Several threads may share one pool (the engines of several models in one
+// process): their parallel_fors then run one after another, each with all
+// the workers (call_mu_ serializes them).
 //
 // Chunks are claimed, not assigned: up to kChunksPerThread per thread, and
 // each thread (the caller too) takes the next unclaimed one until none is
@@ -73,6 +76,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
+  std::mutex call_mu_;  // one parallel_for at a time when callers share the pool
 };
 
 }  // namespace serval

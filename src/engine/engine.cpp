@@ -340,7 +340,8 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mo
     if (!ds.ok()) return ds.status();
     impl->draft_storage = std::make_unique<KvStorage>(std::move(ds.value()));
   }
-  impl->pool = std::make_unique<ThreadPool>(cfg.n_threads > 0 ? cfg.n_threads : ThreadPool::default_threads());
+  impl->pool = cfg.pool ? cfg.pool
+                        : std::make_shared<ThreadPool>(cfg.n_threads > 0 ? cfg.n_threads : ThreadPool::default_threads());
   KvCacheConfig kc;
   kc.n_blocks = (int32_t)n_blocks;
   kc.block_size = cfg.block_size;

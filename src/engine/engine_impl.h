@@ -136,7 +136,7 @@ struct Engine::Impl {
   std::vector<TokenId> eog;
   std::shared_ptr<const TokenTrie> token_trie;  // built on the first grammar request
 
-  std::unique_ptr<ThreadPool> pool;
+  std::shared_ptr<ThreadPool> pool;  // EngineConfig::pool, or the engine's own
   std::unique_ptr<KvStorage> storage;
   std::unique_ptr<KvStorage> draft_storage;  // draft model's pool (same block ids)
   std::unique_ptr<TieredKvStore> tiers;       // lower prefix-cache tiers (null: off); kv points at it
