@@ -1,6 +1,7 @@
 #include "server/openai_server.h"
 
 #include "server/anthropic_api.h"
+#include "server/api_keys.h"
 #include "server/batch_api.h"
 #include "server/embeddings_api.h"
 #include "server/output_parser.h"
@@ -33,15 +34,6 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The key after "Bearer " in the Authorization header, else the x-api-key
-// header (Anthropic's clients); empty when absent.
-std::string bearer_token(const http::HttpRequest& req) {
-  const std::string h = req.header("authorization");
-  const std::string prefix = "Bearer ";
-  if (h.rfind(prefix, 0) == 0) return h.substr(prefix.size());
-  return req.header("x-api-key");
-}
-
 // Prefix-cache salt of an (authorized) request: one cache namespace per API
 // key, so a tenant cannot learn another's prompts from cache-hit timing or
 // cached_tokens. 0 (one shared namespace) without keys or when configured.
@@ -58,14 +50,6 @@ std::optional<ApiError> body_object(const std::string& body, int max_depth, json
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   *j = std::move(std::get<json>(parsed));
   return std::nullopt;
-}
-
-// Constant-time string equality (the length is not secret).
-bool ct_equal(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d |= (unsigned char)(a[i] ^ b[i]);
-  return d == 0;
 }
 
 json bytes_of(const std::string& s) {
@@ -561,14 +545,7 @@ void OpenAiServer::method_not_allowed(const std::shared_ptr<http::ResponseChanne
   send_error(ch, method_not_allowed_error(allow), {{"Allow", allow}});
 }
 
-int OpenAiServer::key_index(const http::HttpRequest& req) const {
-  if (cfg_.api_keys.empty()) return 0;
-  const std::string given = bearer_token(req);
-  int found = -1;
-  for (size_t i = 0; i < cfg_.api_keys.size(); ++i)
-    if (ct_equal(given, cfg_.api_keys[i]) && found < 0) found = (int)i;  // no early exit
-  return given.empty() ? -1 : found;
-}
+int OpenAiServer::key_index(const http::HttpRequest& req) const { return api_key_index(cfg_.api_keys, req); }
 
 void OpenAiServer::begin_drain() { draining_ = true; }
 
