@@ -25,6 +25,8 @@
 #include "server/http_server.h"
 #include "server/openai_server.h"
 #include "tokenizer/tokenizer.h"
+#include "model_catalog.h"
+#include "serve_router.h"
 
 namespace serval::cli {
 namespace {
@@ -62,7 +64,26 @@ int cmd_serve(int argc, char** argv) {
   bool no_prefix_cache = false, shared_prefix_cache = false;
   std::string otlp_endpoint, log_format = "text", price_table_file, energy_source = "cpu";
   double slo_ttft_ms = 0, slo_itl_ms = 0, slo_availability = 0, watts_per_core = 0, grid_intensity = 0;
-  app.add_option("-m,--model", model_path, "GGUF model file")->required();
+  std::vector<std::string> model_args;
+  app.add_option("-m,--model", model_args,
+                 "GGUF model file; or NAME=FILE, repeatable, for router mode (several models, docs/ROUTER.md)");
+  std::string models_dir, models_preset, models_memory = "0";
+  size_t models_max = 0;
+  double idle_unload = 0, models_load_timeout = 120;
+  app.add_option("--models-dir", models_dir, "router mode: serve every *.gguf in this folder (named by file stem)");
+  app.add_option("--models-preset", models_preset,
+                 "router mode: TOML file of per-model settings ([name] with path, aliases, ctx, kv_memory, "
+                 "chat_template, draft, pinned)");
+  app.add_option("--models-max", models_max, "router mode: models loaded at once (0: no bound); the least recently "
+                 "used idle one is unloaded first")
+      ->check(CLI::Range((size_t)0, (size_t)1024));
+  app.add_option("--models-memory", models_memory,
+                 "router mode: bytes of loaded models (file + KV pool; 0: no bound), e.g. 16G");
+  app.add_option("--idle-unload", idle_unload, "router mode: unload a model idle this many seconds (0: never)")
+      ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--models-load-timeout", models_load_timeout,
+                 "router mode: seconds a request waits for its model to load before a 503 with Retry-After")
+      ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--host", host, "address to listen on");
   app.add_option("--port", port, "port (0: any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--api-key", api_keys, "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (repeatable)");
@@ -197,6 +218,20 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--batch-max-line-bytes", batch_limits.max_line_bytes, "longest line of a batch input file")
       ->check(CLI::Range((size_t)256, (size_t)64 << 20));
   if (auto rc = parse(app, argc, argv)) return *rc;
+  const bool router_mode = !models_dir.empty() || !models_preset.empty() || model_args.size() > 1 ||
+                           (model_args.size() == 1 && is_named_model_arg(model_args[0]));
+  if (model_args.empty() && !router_mode) return fail(cmd, "give a model: -m FILE (or router mode: -m NAME=FILE, --models-dir DIR)");
+  if (!router_mode) {
+    model_path = model_args[0];
+    if (models_max || models_memory != "0" || idle_unload > 0)
+      return fail(cmd, "--models-max, --models-memory and --idle-unload are for router mode (-m NAME=FILE, --models-dir)");
+  } else {
+    const char* single_only = !loras.empty() ? "--lora" : lora_runtime ? "--lora-runtime" : !served_name.empty() ? "--served-model-name"
+                            : !aliases.empty() ? "--alias (use the preset's aliases)" : !tier_dir.empty() ? "--kv-cache-dir"
+                            : tp.size > 1 ? "--tp" : !batch_dir.empty() ? "--batch-dir" : nullptr;
+    if (single_only) return fail(cmd, std::string(single_only) + " is not available in router mode (several models); serve one model for it");
+    no_batch = true;
+  }
 
   if (!api_key_file.empty()) {
     std::string text;
@@ -282,6 +317,49 @@ int cmd_serve(int argc, char** argv) {
     auto b = parse_kv_memory(t);
     if (!b.ok()) return fail(cmd, "--kv-cache-disk: " + b.status().message());
     tier_disk_bytes = *b;
+  }
+
+  if (router_mode) {
+    RouterServeArgs ra;
+    ra.named = model_args;
+    ra.dir = models_dir;
+    ra.preset = models_preset;
+    ra.models_max = models_max;
+    ra.idle_unload_s = idle_unload;
+    ra.load_timeout_s = models_load_timeout;
+    if (models_memory != "0") {
+      auto b = parse_kv_memory(models_memory);
+      if (!b.ok()) return fail(cmd, "--models-memory: " + b.status().message());
+      ra.models_memory = *b;
+    }
+    ra.threads = threads;
+    ra.scfg = scfg;
+    EngineConfig& ec = ra.ec;
+    ec.n_threads = threads;
+    ec.kv_memory_bytes = *kvb;
+    ec.swap_memory_bytes = swap_bytes;
+    ec.kv_cache_ram_bytes = tier_ram_bytes;
+    ec.block_size = block_size;
+    ec.kv_type = kv_type;
+    ec.max_batch_tokens = max_batch_tokens;
+    ec.max_seqs = max_seqs;
+    ec.max_model_len = ctx;
+    ec.enable_prefix_caching = !no_prefix_cache;
+    ec.swa_full = swa_full;
+    ec.max_n = max_n;
+    ec.pooling = pooling == "mean" ? Pooling::mean : pooling == "cls" ? Pooling::cls
+               : pooling == "last" ? Pooling::last : Pooling::none;
+    ec.max_embed_inputs = max_embed_inputs;
+    if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
+    ra.http.host = host;
+    ra.http.port = (uint16_t)port;
+    ra.http.n_threads = http_threads;
+    ra.http.max_body_bytes = max_body;
+    ra.http.max_header_bytes = max_header;
+    ra.http.read_timeout_s = read_timeout;
+    ra.drain_timeout_s = drain_timeout;
+    ra.webui = !no_webui;
+    return serve_router(cmd, std::move(ra));
   }
 
   // Signals go to a dedicated thread (blocked here, before any thread starts).
