@@ -1,6 +1,10 @@
 #include "model/model.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <thread>
+#include <vector>
 
 #include "model/family.h"
 #include "model/tensor_loader.h"
@@ -28,19 +32,32 @@ Expected<std::unique_ptr<Model>> Model::from_file(gguf::GgufFile file, TensorPar
 void Model::pack_weights() {
   // The stored copy leaves the resident set once packed (the reference
   // forward still reads it: it faults back in, from the page cache).
-  auto pack = [this](Matrix& m, bool release) {
-    if (!m.data || !kernels::PackedMatrix::packable_data(m.type, m.data, m.rows, m.cols)) return;
-    m.packed =
-        std::make_shared<const kernels::PackedMatrix>(kernels::PackedMatrix::pack(m.type, m.data, m.rows, m.cols));
-    if (release) file_.release(m.data, row_size(m.type, m.cols) * (size_t)m.rows);
-  };
+  std::vector<std::pair<Matrix*, bool>> todo;  // (matrix, release its stored copy)
   ModelWeights& w = weights_;
-  pack(w.output, !w.tied_output);  // token_embd is read by row (embedding lookup): stays as stored
+  todo.emplace_back(&w.output, !w.tied_output);  // token_embd is read by row (embedding lookup): stays as stored
   for (LayerWeights& l : w.layers) {
-    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router}) pack(*m, true);
+    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router}) todo.emplace_back(m, true);
     for (auto* experts : {&l.exp_gate, &l.exp_up, &l.exp_down})
-      for (Matrix& m : *experts) pack(m, true);
+      for (Matrix& m : *experts) todo.emplace_back(&m, true);
   }
+  // Matrices are packed on several threads (each is packed whole by one, so
+  // the result does not depend on the thread count): loading is a model
+  // switch's cost in router mode.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < todo.size(); i = next++) {
+      Matrix& m = *todo[i].first;
+      if (!m.data || !kernels::PackedMatrix::packable_data(m.type, m.data, m.rows, m.cols)) continue;
+      m.packed =
+          std::make_shared<const kernels::PackedMatrix>(kernels::PackedMatrix::pack(m.type, m.data, m.rows, m.cols));
+      if (todo[i].second) file_.release(m.data, row_size(m.type, m.cols) * (size_t)m.rows);
+    }
+  };
+  const size_t n = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 8, todo.size()});
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < n; ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
 }
 
 Status Model::load_weights() {
