@@ -11,6 +11,8 @@
 #include <cstring>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "common/status.h"
 #include "kernels/act_quant.h"
 #include "kernels/kernel_table.h"
@@ -343,9 +345,18 @@ PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t co
   const int64_t nb = cols / bs;
   const size_t gb = p.group_bytes(), blk_bytes = row_size(t, bs);
   p.bytes_ = (size_t)groups * gb;
-  const size_t alloc = (p.bytes_ + 63) / 64 * 64;
-  p.buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc ? alloc : 64)));
+  // Large matrices go on transparent huge pages where the kernel offers them
+  // (THP "madvise" mode): 512x fewer page faults while packing (a model
+  // switch's cost in router mode) and fewer TLB misses while streaming.
+  constexpr size_t kHuge = size_t(2) << 20;
+  const bool huge = p.bytes_ >= kHuge;
+  const size_t align = huge ? kHuge : 64;
+  const size_t alloc = std::max<size_t>((p.bytes_ + align - 1) / align * align, 64);
+  p.buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(align, alloc)));
   SERVAL_ASSERT(p.buf_ != nullptr);
+#ifdef MADV_HUGEPAGE
+  if (huge) madvise(p.buf_.get(), alloc, MADV_HUGEPAGE);  // advice only: ignored where THP is off
+#endif
   std::memset(p.buf_.get(), 0, alloc);
   const auto* src = static_cast<const uint8_t*>(w);
   if (is_float16(t)) {  // [group][column][16 rows] of 2 bytes; written in order
