@@ -457,8 +457,12 @@ void ModelRouter::release(std::vector<Waiter> ws, const std::shared_ptr<ServedMo
 
 void ModelRouter::loader_loop() {
   std::unique_lock<std::mutex> lk(mu_);
+  // A load that waits for a busy model to go idle looks again soon: the
+  // model's last request ends (in_flight() drops) without telling the router.
+  bool blocked = false;
   while (!stop_) {
-    cv_.wait_for(lk, std::chrono::milliseconds(100));
+    cv_.wait_for(lk, std::chrono::milliseconds(blocked ? 2 : 100));
+    blocked = false;
     if (stop_) break;
     const auto now = Clock::now();
     std::vector<std::shared_ptr<ServedModel>> drop;
@@ -532,7 +536,10 @@ void ModelRouter::loader_loop() {
         victim->state = State::unloaded;
         victim->evictions++;
       }
-      if (over()) target = nullptr;  // wait for a model to go idle (or the deadline)
+      if (over()) {  // wait for a model to go idle (or the deadline)
+        target = nullptr;
+        blocked = true;
+      }
     } else {
       target = nullptr;
     }
