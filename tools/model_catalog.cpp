@@ -142,11 +142,12 @@ Expected<std::vector<server::RouterModelSpec>> build_model_catalog(const std::ve
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return invalid_argument("--models-dir: '" + dir + "' is not a folder");
     std::vector<std::string> files;
-    for (const auto& de : fs::directory_iterator(dir, ec)) {
+    fs::directory_iterator it(dir, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
       if (files.size() > kMaxModels) break;
-      const std::string p = de.path().string();
+      const std::string p = it->path().string();
       std::error_code e2;
-      if (p.ends_with(".gguf") && fs::is_regular_file(de.path(), e2)) files.push_back(p);
+      if (p.ends_with(".gguf") && fs::is_regular_file(it->path(), e2)) files.push_back(p);
     }
     if (ec) return io_error("--models-dir '" + dir + "': " + ec.message());
     std::sort(files.begin(), files.end());

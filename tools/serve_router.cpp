@@ -1,5 +1,6 @@
 #include "serve_router.h"
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -47,7 +48,7 @@ Expected<std::unique_ptr<server::ServedModel>> make_model(const RouterServeArgs&
   ec.pool = pool;
   if (s.ctx > 0) ec.max_model_len = s.ctx;
   if (s.kv_memory > 0) ec.kv_memory_bytes = s.kv_memory;
-  uint64_t bytes = file_size_or_0(s.path) + ec.kv_memory_bytes;
+  uint64_t bytes = file_size_or_0(s.path) + ec.kv_memory_bytes + ec.swap_memory_bytes + ec.kv_cache_ram_bytes;
   if (!s.draft_model.empty()) {
     auto d = Model::load(s.draft_model);
     if (!d.ok()) return Status(d.status()).with_context("draft model");
@@ -93,6 +94,7 @@ int serve_router(const std::string& cmd, RouterServeArgs a) {
   rc.idle_unload_s = a.idle_unload_s;
   rc.load_wait_s = a.load_timeout_s;
   rc.kv_bytes_default = a.ec.kv_memory_bytes;
+  rc.engine_extra_bytes = a.ec.swap_memory_bytes + a.ec.kv_cache_ram_bytes;
   rc.max_waiting = a.scfg.max_inflight_requests;
   rc.max_json_depth = a.scfg.limits.max_json_depth;
   rc.webui = a.webui;
@@ -112,6 +114,14 @@ int serve_router(const std::string& cmd, RouterServeArgs a) {
   server::ModelRouter* r = router->get();
   for (const std::string& name : pinned)
     if (Status st = r->load_now(name); !st.ok()) return fail(cmd, "pinned model '" + name + "': " + st.message());
+  if (a.models_memory > 0 && !pinned.empty()) {
+    size_t pinned_bytes = 0;
+    for (const auto& st : r->status())
+      if (std::find(pinned.begin(), pinned.end(), st.name) != pinned.end()) pinned_bytes += st.bytes;
+    if (pinned_bytes > a.models_memory)
+      return fail(cmd, "the pinned models hold " + std::to_string(pinned_bytes) + " bytes, more than --models-memory " +
+                           std::to_string(a.models_memory));
+  }
 
   auto http_server = http::HttpServer::create(
       a.http, [r](http::HttpRequest q, std::shared_ptr<http::ResponseChannel> ch) { r->handle(std::move(q), std::move(ch)); },

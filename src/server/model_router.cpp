@@ -40,7 +40,7 @@ void send_error(const std::shared_ptr<http::ResponseChannel>& ch, const ApiError
 // loader's error meanwhile.
 constexpr double kRetryFailedS = 30;
 
-std::string percent_decode(std::string_view s) {
+std::string percent_decode(std::string_view s, bool plus_is_space) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '%' && i + 2 < s.size() && std::isxdigit((unsigned char)s[i + 1]) &&
@@ -48,7 +48,7 @@ std::string percent_decode(std::string_view s) {
       out.push_back((char)std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
       i += 2;
     } else {
-      out.push_back(s[i] == '+' ? ' ' : s[i]);
+      out.push_back(plus_is_space && s[i] == '+' ? ' ' : s[i]);
     }
   }
   return out;
@@ -60,11 +60,25 @@ std::optional<std::string> query_model(const std::string& query) {
   while (!q.empty()) {
     const size_t amp = q.find('&');
     const std::string_view kv = q.substr(0, amp);
-    if (kv.rfind("model=", 0) == 0) return percent_decode(kv.substr(6));
+    if (kv.rfind("model=", 0) == 0) return percent_decode(kv.substr(6), true);
     if (amp == std::string_view::npos) break;
     q.remove_prefix(amp + 1);
   }
   return std::nullopt;
+}
+
+// A Prometheus label value: backslash, quote and newline escaped.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
 }
 
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -163,12 +177,13 @@ ModelRouter::Entry* ModelRouter::find(const std::string& id) {
 
 bool ModelRouter::idle(const Entry& e) {
   return e.state == State::loaded && !e.spec.pinned && e.served && e.served.use_count() == 1 && e.waiters.empty() &&
-         e.served->api->in_flight() == 0;
+         e.served->api->quiescent();
 }
 
 size_t ModelRouter::est_bytes(const Entry& e) const {
   if (e.served && e.served->bytes) return e.served->bytes;
-  return (size_t)e.file_bytes + (e.spec.kv_memory ? e.spec.kv_memory : cfg_.kv_bytes_default);
+  return (size_t)e.file_bytes + (e.spec.kv_memory ? e.spec.kv_memory : cfg_.kv_bytes_default) +
+         cfg_.engine_extra_bytes;
 }
 
 std::vector<ModelRouter::ModelStatus> ModelRouter::status() const {
@@ -304,7 +319,9 @@ void ModelRouter::dispatch(Entry& e, http::HttpRequest req, std::shared_ptr<http
     std::lock_guard<std::mutex> lk(mu_);
     const auto now = Clock::now();
     e.last_used = now;
-    if (e.state == State::loaded) {
+    if (draining_) {
+      error = "draining";
+    } else if (e.state == State::loaded) {
       served = e.served;
     } else if (e.state == State::failed && seconds(now - e.failed_at) < kRetryFailedS) {
       error = e.error;
@@ -324,6 +341,8 @@ void ModelRouter::dispatch(Entry& e, http::HttpRequest req, std::shared_ptr<http
   if (served) return served->api->handle(std::move(req), std::move(ch));
   std::shared_ptr<http::ResponseChannel> shaped =
       anthropic ? std::make_shared<ErrorShapeChannel>(ch, &anthropic_error_body) : ch;
+  if (error == "draining")
+    return send_error(shaped, ApiError{503, "server is shutting down; no new requests", "server_error", "", "draining"});
   if (!error.empty())
     return send_error(shaped, ApiError{500, "model '" + e.spec.name + "' failed to load: " + error, "server_error",
                                        "model", "model_load_failed"});
@@ -367,7 +386,7 @@ void ModelRouter::admin(const http::HttpRequest& req, const std::shared_ptr<http
       rest.resize(rest.size() - std::strlen(a));
       break;
     }
-  const std::string id = percent_decode(rest);
+  const std::string id = percent_decode(rest, false);
   Entry* e = find(id);
   if (!e)
     return send_error(ch, ApiError{404, "the model '" + id.substr(0, 256) + "' does not exist",
@@ -407,7 +426,7 @@ void ModelRouter::admin(const http::HttpRequest& req, const std::shared_ptr<http
     }
     // unload
     if (e->state != State::loaded) return send_json(ch, 200, state_body(*e));
-    if (e->served.use_count() > 1 || !e->waiters.empty() || e->served->api->in_flight() > 0)
+    if (e->served.use_count() > 1 || !e->waiters.empty() || !e->served->api->quiescent())
       return send_error(ch, ApiError{409, "model '" + e->spec.name + "' has requests in flight; unload it when idle",
                                      "invalid_request_error", "", "model_busy"});
     drop = std::move(e->served);
@@ -431,10 +450,21 @@ void ModelRouter::release(std::vector<Waiter> ws, const std::shared_ptr<ServedMo
     const bool anthropic = w.req.path == "/v1/messages" || w.req.path == "/v1/messages/count_tokens";
     std::shared_ptr<http::ResponseChannel> shaped =
         anthropic ? std::make_shared<ErrorShapeChannel>(w.ch, &anthropic_error_body) : w.ch;
+    if (!served && std::string_view(state) == "unfit") {
+      send_error(shaped, ApiError{503, "model '" + name + "' cannot be loaded: " + error, "server_error", "model",
+                                  "model_does_not_fit"});
+      continue;
+    }
     if (w.admin) {
       if (served)
         send_json(w.ch, 200, dump(json{{"id", name}, {"object", "model"}, {"status", {{"value", "loaded"}}},
                                        {"state", "loaded"}, {"size_bytes", served->bytes}}));
+      else if (error.empty())
+        send_error(w.ch,
+                   ApiError{503, std::string("model '") + name + "' is " + state + "; not loaded within " +
+                                     std::to_string((int)cfg_.load_wait_s) + " s",
+                            "server_error", "", "model_loading"},
+                   {{"Retry-After", "10"}});
       else
         send_error(w.ch, ApiError{500, "model '" + name + "' failed to load: " + error, "server_error", "model",
                                   "model_load_failed"});
@@ -452,6 +482,16 @@ void ModelRouter::release(std::vector<Waiter> ws, const std::shared_ptr<ServedMo
                           "server_error", "", "model_loading"},
                  {{"Retry-After", "10"}});
     }
+  }
+}
+
+Expected<std::unique_ptr<ServedModel>> ModelRouter::make(const RouterModelSpec& spec) {
+  try {
+    return factory_(spec);
+  } catch (const std::bad_alloc&) {
+    return io_error("out of memory while loading");
+  } catch (const std::exception& ex) {
+    return invalid_file(std::string("loading failed: ") + ex.what());
   }
 }
 
@@ -486,6 +526,11 @@ void ModelRouter::loader_loop() {
       }
       if (!x.ws.empty()) expired.push_back(std::move(x));
     }
+    // A model with work in flight counts as used now (LRU order and idle
+    // unloading run from a request's end, not its start).
+    for (Entry& e : entries_)
+      if (e.state == State::loaded && e.served && (!e.served->api->quiescent() || !e.waiters.empty()))
+        e.last_used = now;
     // Idle unloading.
     if (cfg_.idle_unload_s > 0)
       for (Entry& e : entries_)
@@ -494,13 +539,6 @@ void ModelRouter::loader_loop() {
           e.state = State::unloaded;
           e.idle_unloads++;
         }
-    // The model to load: the one whose oldest waiter came first.
-    Entry* target = nullptr;
-    for (Entry& e : entries_) {
-      if (e.waiters.empty() || e.state == State::loaded || e.state == State::loading) continue;
-      if (e.state == State::failed && seconds(now - e.failed_at) < kRetryFailedS) continue;
-      if (!target || e.waiters.front().deadline < target->waiters.front().deadline) target = &e;
-    }
     // Failed models within their retry pause: their waiters get the error.
     std::vector<std::pair<Entry*, std::vector<Waiter>>> failed_now;
     for (Entry& e : entries_)
@@ -509,39 +547,59 @@ void ModelRouter::loader_loop() {
         e.waiters.clear();
         failed_now.emplace_back(&e, std::move(ws));
       }
-    if (target && !draining_) {
-      // Make room: least recently used idle models out until the bounds hold.
-      auto loaded_count = [&] {
-        size_t n = 0;
-        for (const Entry& e : entries_) n += e.state == State::loaded;
-        return n;
-      };
-      auto loaded_bytes = [&] {
-        size_t n = 0;
-        for (const Entry& e : entries_)
-          if (e.state == State::loaded) n += est_bytes(e);
-        return n;
-      };
-      const size_t need = est_bytes(*target);
-      auto over = [&] {
-        return (cfg_.models_max > 0 && loaded_count() + 1 > cfg_.models_max) ||
-               (cfg_.models_memory > 0 && loaded_bytes() + need > cfg_.models_memory && loaded_count() > 0);
-      };
-      while (over()) {
-        Entry* victim = nullptr;
-        for (Entry& e : entries_)
-          if (idle(e) && (!victim || e.last_used < victim->last_used)) victim = &e;
-        if (!victim) break;
-        drop.push_back(std::move(victim->served));
-        victim->state = State::unloaded;
-        victim->evictions++;
+    // The model to load: of those with waiters, the one whose oldest waiter
+    // came first among those that fit once idle models are unloaded.
+    std::vector<Entry*> wanted;
+    for (Entry& e : entries_)
+      if (!e.waiters.empty() && (e.state == State::unloaded || e.state == State::failed)) wanted.push_back(&e);
+    std::sort(wanted.begin(), wanted.end(),
+              [](const Entry* a, const Entry* b) { return a->waiters.front().deadline < b->waiters.front().deadline; });
+    size_t loaded_n = 0, loaded_bytes = 0, pinned_n = 0, pinned_bytes = 0;
+    std::vector<Entry*> idle_lru;
+    for (Entry& e : entries_) {
+      if (e.state != State::loaded && e.state != State::loading) continue;
+      loaded_n++;
+      loaded_bytes += est_bytes(e);
+      if (e.spec.pinned) {
+        pinned_n++;
+        pinned_bytes += est_bytes(e);
       }
-      if (over()) {  // wait for a model to go idle (or the deadline)
-        target = nullptr;
-        blocked = true;
+      if (idle(e)) idle_lru.push_back(&e);
+    }
+    std::sort(idle_lru.begin(), idle_lru.end(), [](const Entry* a, const Entry* b) { return a->last_used < b->last_used; });
+    auto fits = [&](size_t n, size_t bytes, size_t need) {
+      return (cfg_.models_max == 0 || n + 1 <= cfg_.models_max) &&
+             (cfg_.models_memory == 0 || n == 0 || bytes + need <= cfg_.models_memory);
+    };
+    Entry* target = nullptr;
+    std::vector<std::pair<Entry*, std::vector<Waiter>>> never_fit;
+    for (Entry* cand : draining_ ? std::vector<Entry*>{} : wanted) {
+      const size_t need = est_bytes(*cand);
+      if (!fits(pinned_n, pinned_bytes, need)) {  // not even with every unpinned model out
+        std::vector<Waiter> ws(std::make_move_iterator(cand->waiters.begin()),
+                               std::make_move_iterator(cand->waiters.end()));
+        cand->waiters.clear();
+        never_fit.emplace_back(cand, std::move(ws));
+        continue;
       }
-    } else {
-      target = nullptr;
+      // The fewest least recently used idle models whose unloading makes room; none if that is not enough.
+      size_t n = loaded_n, bytes = loaded_bytes, k = 0;
+      while (!fits(n, bytes, need) && k < idle_lru.size()) {
+        n--;
+        bytes -= est_bytes(*idle_lru[k]);
+        k++;
+      }
+      if (!fits(n, bytes, need)) {
+        blocked = true;  // a busy model must go idle first (or the waiters time out)
+        continue;
+      }
+      for (size_t i = 0; i < k; ++i) {
+        drop.push_back(std::move(idle_lru[i]->served));
+        idle_lru[i]->state = State::unloaded;
+        idle_lru[i]->evictions++;
+      }
+      target = cand;
+      break;
     }
     if (target) target->state = State::loading;
     lk.unlock();
@@ -549,6 +607,9 @@ void ModelRouter::loader_loop() {
     drop.clear();
     if (freed) malloc_trim(0);
     for (Expired& x : expired) release(std::move(x.ws), nullptr, x.name, "", x.state);
+    for (auto& [e, ws] : never_fit)
+      release(std::move(ws), nullptr, e->spec.name,
+              "it does not fit next to the pinned models (--models-max / --models-memory)", "unfit");
     for (auto& [e, ws] : failed_now) {
       std::string err;
       {
@@ -559,7 +620,7 @@ void ModelRouter::loader_loop() {
     }
     if (target) {
       const auto t0 = Clock::now();
-      auto made = factory_(target->spec);
+      auto made = make(target->spec);
       const double took = seconds(Clock::now() - t0);
       std::shared_ptr<ServedModel> served;
       std::string err;
@@ -608,7 +669,7 @@ Status ModelRouter::load_now(const std::string& name) {
     e->state = State::loading;
   }
   const auto t0 = Clock::now();
-  auto made = factory_(e->spec);
+  auto made = make(e->spec);
   std::lock_guard<std::mutex> lk(mu_);
   if (!made.ok() || !*made || !(*made)->api) {
     e->state = State::failed;
@@ -656,7 +717,7 @@ std::string merge_model_metrics(const std::vector<std::pair<std::string, std::st
       std::string sample = line;
       const size_t brace = sample.find('{');
       const size_t space = sample.find(' ');
-      const std::string label = "model=\"" + model + "\"";
+      const std::string label = "model=\"" + label_value(model) + "\"";
       if (brace != std::string::npos && brace < space) {
         const size_t close = sample.find('}', brace);
         if (sample.substr(brace, close - brace).find("model=\"") == std::string::npos)
@@ -694,7 +755,7 @@ std::string ModelRouter::metrics_text() const {
       r << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
       for (const Entry& e : entries_) value(e);
     };
-    auto lbl = [](const Entry& e) { return "{model=\"" + e.spec.name + "\"}"; };
+    auto lbl = [](const Entry& e) { return "{model=\"" + label_value(e.spec.name) + "\"}"; };
     family("serval_router_model_loaded", "gauge", "1 when the model is in memory, else 0.",
            [&](const Entry& e) { r << "serval_router_model_loaded" << lbl(e) << " " << (e.state == State::loaded) << "\n"; });
     family("serval_router_model_loading", "gauge", "1 while the model loads, else 0.",
@@ -708,9 +769,10 @@ std::string ModelRouter::metrics_text() const {
     r << "# HELP serval_router_model_unloads_total Times the model was unloaded, by reason.\n"
          "# TYPE serval_router_model_unloads_total counter\n";
     for (const Entry& e : entries_) {
-      r << "serval_router_model_unloads_total{model=\"" << e.spec.name << "\",reason=\"lru\"} " << e.evictions << "\n";
-      r << "serval_router_model_unloads_total{model=\"" << e.spec.name << "\",reason=\"idle\"} " << e.idle_unloads << "\n";
-      r << "serval_router_model_unloads_total{model=\"" << e.spec.name << "\",reason=\"admin\"} " << e.admin_unloads << "\n";
+      const std::string m = label_value(e.spec.name);
+      r << "serval_router_model_unloads_total{model=\"" << m << "\",reason=\"lru\"} " << e.evictions << "\n";
+      r << "serval_router_model_unloads_total{model=\"" << m << "\",reason=\"idle\"} " << e.idle_unloads << "\n";
+      r << "serval_router_model_unloads_total{model=\"" << m << "\",reason=\"admin\"} " << e.admin_unloads << "\n";
     }
     family("serval_router_model_load_seconds", "gauge", "Duration of the model's latest load.",
            [&](const Entry& e) { r << "serval_router_model_load_seconds" << lbl(e) << " " << e.last_load_s << "\n"; });

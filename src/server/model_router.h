@@ -73,6 +73,7 @@ struct RouterConfig {
   double idle_unload_s = 0;           // unload a model idle this long (0: never)
   double load_wait_s = 120;           // a request waits at most this for its model to load
   size_t kv_bytes_default = 0;        // a model's KV pool when its spec gives none (for models_memory)
+  size_t engine_extra_bytes = 0;      // what else each engine holds (swap space, the prefix cache's RAM tier)
   size_t max_waiting = 256;           // requests waiting per model; more get 503
   int max_json_depth = 64;
   bool webui = true;
@@ -146,6 +147,8 @@ class ModelRouter {
   static bool idle(const Entry& e);
   size_t est_bytes(const Entry& e) const;
   void loader_loop();
+  // The factory's result; an exception it throws (std::bad_alloc) is a failed load.
+  Expected<std::unique_ptr<ServedModel>> make(const RouterModelSpec& spec);
   // Answers waiters once their model is loaded (hands them to its server),
   // failed (`error`) or still `state` at their deadline (503). Outside mu_.
   void release(std::vector<Waiter> ws, const std::shared_ptr<ServedModel>& served, const std::string& name,

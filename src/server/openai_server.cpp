@@ -63,6 +63,14 @@ json bytes_of(const std::string& s) {
 // One API request in flight: its engine streams, the accumulated choices, and
 // the response channel. Event handling is serialized by `mu`.
 struct OpenAiServer::Job : std::enable_shared_from_this<OpenAiServer::Job> {
+  // First member, so destroyed last: the job counts as alive (quiescent())
+  // until every other member (the channel, its observation) is gone.
+  struct Counted {
+    std::shared_ptr<Life> life;
+    ~Counted() {
+      if (life) life->jobs--;
+    }
+  } counted;
   struct Choice {
     std::string text;
     json logprobs_content = json::array();     // chat
@@ -529,7 +537,11 @@ OpenAiServer::~OpenAiServer() {
     std::lock_guard<std::mutex> lk(life_->mu);
     life_->alive = false;
   }
-  stop_reaper_ = true;
+  {
+    std::lock_guard<std::mutex> lk(reaper_mu_);
+    stop_reaper_ = true;
+  }
+  reaper_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
 }
 
@@ -549,6 +561,8 @@ int OpenAiServer::key_index(const http::HttpRequest& req) const { return api_key
 
 void OpenAiServer::begin_drain() { draining_ = true; }
 
+bool OpenAiServer::quiescent() const { return inflight_requests_ == 0 && life_->jobs == 0; }
+
 // Callers hold their own reference to the job (notify lambdas lock a weak
 // pointer; the handler and the reaper hold shared pointers), so erasing the
 // registry's reference here never destroys the job under its own feet.
@@ -560,8 +574,11 @@ void OpenAiServer::job_done(Job& job) {
 }
 
 void OpenAiServer::reaper_loop() {
-  while (!stop_reaper_) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lk(reaper_mu_);
+      if (reaper_cv_.wait_for(lk, std::chrono::milliseconds(100), [this] { return stop_reaper_.load(); })) return;
+    }
     std::vector<std::shared_ptr<Job>> expired;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -890,6 +907,8 @@ void OpenAiServer::handle_generate(const http::HttpRequest& http_req, std::share
 
   const uint64_t salt = internal ? internal->salt : tenant_salt(cfg_, http_req);
   auto job = std::make_shared<Job>();
+  life_->jobs++;
+  job->counted.life = life_;
   job->srv = this;
   job->id = random_id(chat ? "chatcmpl" : "cmpl");
   job->created = unix_now();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,10 @@ class OpenAiServer {
   void begin_drain();
   bool draining() const { return draining_; }
   size_t in_flight() const { return inflight_requests_; }
+  // Nothing of a request is left running: none in flight and no request's
+  // state alive (a finished request still sends its last bytes after it
+  // leaves in_flight()). The model router destroys a server only then.
+  bool quiescent() const;
 
   std::string metrics_text() const;
 
@@ -154,6 +159,7 @@ class OpenAiServer {
   struct Life {
     std::mutex mu;
     bool alive = true;
+    std::atomic<size_t> jobs{0};  // generation jobs alive (Job::counted)
   };
   std::shared_ptr<Life> life_ = std::make_shared<Life>();
   ServerConfig cfg_;
@@ -176,6 +182,8 @@ class OpenAiServer {
   uint64_t next_job_ = 1;
 
   std::atomic<bool> stop_reaper_{false};
+  std::mutex reaper_mu_;  // with reaper_cv_: the destructor wakes the reaper (a router unloads servers)
+  std::condition_variable reaper_cv_;
   std::thread reaper_;
 };
 

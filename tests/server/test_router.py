@@ -128,7 +128,8 @@ def memory_returns_after_unload(_):
                        capture_output=True, text=True, timeout=300)
     eq(g.returncode, 0, f"gguf synth: {g.stderr}")
     size_kib = os.path.getsize(big) // 1024
-    with Router("-m", f"big={big}", "-m", f"small={P.STORIES}", "--models-max", "1", "--api-key", "router-key") as r:
+    with Router("-m", f"big={big}", "-m", f"small={P.STORIES}", "--models-max", "1", "--api-key", "router-key",
+                "--engine-control", "--models-load-timeout", "1") as r:
         pid = r.proc.pid
         base = rss_kib(pid)
         greedy(r.port, "big", n=4, headers=KEY)
@@ -150,26 +151,27 @@ def memory_returns_after_unload(_):
         greedy(r.port, "small", n=4, headers=KEY)
         eq(states(r.port, KEY), {"big": "unloaded", "small": "loaded"}, "LRU eviction under --models-max 1")
         wait_until(lambda: rss_kib(pid) < loaded - size_kib // 2, 10)
-        # A busy model is not unloaded: 409 while a long stream runs.
-        done = threading.Event()
+        # A busy model is neither unloaded (409) nor evicted: its engine is held (--engine-control) with a
+        # request inside, so a request for the other model waits its 1 s and gets a 503 with Retry-After.
+        eq(post(r.port, "/v1/engine/pause?model=small", {}, headers=KEY).status, 200, "pause small's engine")
         res = {}
-
-        def long_stream():
-            res["s"] = stream(r.port, "/v1/completions", {"model": "small", "prompt": "Once", "max_tokens": 2000,
-                                                           "ignore_eos": True, "stream": True}, headers=KEY)
-            done.set()
-
-        t = threading.Thread(target=long_stream)
+        t = threading.Thread(target=lambda: res.setdefault("r", post(
+            r.port, "/v1/completions", {"model": "small", "prompt": "Once", "max_tokens": 4}, headers=KEY)))
         t.start()
-        running = lambda: sum(v for lb, v in parse_metrics(get(r.port, "/metrics", headers=KEY).body.decode())[0]  # noqa: E731
-                              .get("serval_requests_running", []) if lb.get("model") == "small")
-        wait_until(lambda: running() >= 1, 20)
-        busy = post(r.port, "/v1/models/small/unload", {}, headers=KEY)
-        check(not done.is_set(), "the stream was still running at the unload")
-        check_error_body(busy, 409, "unload of a busy model", code="model_busy")
-        t.join(120)
-        eq(res["s"].status, 200, "the stream ran to its end")
-        eq(res["s"].finish_reason(), ["length"], "the stream's finish")
+        wait_until(lambda: get(r.port, "/v1/engine/state?model=small", headers=KEY).json()["requests"][
+            "http_in_flight"] >= 1, 20)
+        check_error_body(post(r.port, "/v1/models/small/unload", {}, headers=KEY), 409, "unload of a busy model",
+                         code="model_busy")
+        t0 = time.monotonic()
+        w = post(r.port, "/v1/completions", {"model": "big", "prompt": "Once", "max_tokens": 2}, headers=KEY)
+        check_error_body(w, 503, "a model that cannot load while the other is busy", code="model_loading")
+        check(w.header("retry-after").isdigit(), f"Retry-After: {w.header('retry-after')!r}")
+        check(0.9 <= time.monotonic() - t0 < 20, f"answered after the 1 s wait ({time.monotonic() - t0:.1f} s)")
+        eq(states(r.port, KEY), {"big": "unloaded", "small": "loaded"}, "the busy model stayed")
+        eq(post(r.port, "/v1/engine/resume?model=small", {}, headers=KEY).status, 200, "resume")
+        t.join(60)
+        eq(res["r"].status, 200, f"the held request completes ({res.get('r')})")
+        eq(post(r.port, "/v1/models/small/unload", {}, headers=KEY).status, 200, "unload once idle")
 
 
 @suite.test
@@ -222,12 +224,10 @@ def preset_aliases_pinned_and_ctx(_):
         r2 = post(r.port, "/v1/completions", {"model": "kids", "prompt": "Once", "max_tokens": 2})
         eq(r2.status, 200, f"an alias addresses its model ({r2})")
         eq(r2.json()["model"], "kids", "the alias is answered back")
-        # A pinned model is never evicted: with --models-max 1 the other one cannot load (503 after the wait).
-        t0 = time.monotonic()
+        # A pinned model is never evicted: with --models-max 1 the other one can never load (503 at once).
         w = post(r.port, "/v1/completions", {"model": "llama", "prompt": "Once", "max_tokens": 2})
-        check_error_body(w, 503, "a model that cannot load within the wait", code="model_loading")
-        check(w.header("retry-after").isdigit(), f"Retry-After: {w.header('retry-after')!r}")
-        check(1.5 <= time.monotonic() - t0 < 30, f"answered after the 2 s wait ({time.monotonic() - t0:.1f} s)")
+        e = check_error_body(w, 503, "a model that cannot fit next to the pinned one", code="model_does_not_fit")
+        check("pinned" in e["message"], f"the error says why: {e['message']}")
         eq(states(r.port), {"stories": "loaded", "llama": "unloaded"}, "pinned stays, the other never loaded")
 
 
