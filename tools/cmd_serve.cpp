@@ -319,22 +319,9 @@ int cmd_serve(int argc, char** argv) {
     tier_disk_bytes = *b;
   }
 
-  if (router_mode) {
-    RouterServeArgs ra;
-    ra.named = model_args;
-    ra.dir = models_dir;
-    ra.preset = models_preset;
-    ra.models_max = models_max;
-    ra.idle_unload_s = idle_unload;
-    ra.load_timeout_s = models_load_timeout;
-    if (models_memory != "0") {
-      auto b = parse_kv_memory(models_memory);
-      if (!b.ok()) return fail(cmd, "--models-memory: " + b.status().message());
-      ra.models_memory = *b;
-    }
-    ra.threads = threads;
-    ra.scfg = scfg;
-    EngineConfig& ec = ra.ec;
+  // The engine settings every model shares (single and router mode).
+  auto base_engine_config = [&] {
+    EngineConfig ec;
     ec.n_threads = threads;
     ec.kv_memory_bytes = *kvb;
     ec.swap_memory_bytes = swap_bytes;
@@ -350,6 +337,25 @@ int cmd_serve(int argc, char** argv) {
     ec.pooling = pooling == "mean" ? Pooling::mean : pooling == "cls" ? Pooling::cls
                : pooling == "last" ? Pooling::last : Pooling::none;
     ec.max_embed_inputs = max_embed_inputs;
+    return ec;
+  };
+  if (router_mode) {
+    RouterServeArgs ra;
+    ra.named = model_args;
+    ra.dir = models_dir;
+    ra.preset = models_preset;
+    ra.models_max = models_max;
+    ra.idle_unload_s = idle_unload;
+    ra.load_timeout_s = models_load_timeout;
+    if (models_memory != "0") {
+      auto b = parse_kv_memory(models_memory);
+      if (!b.ok()) return fail(cmd, "--models-memory: " + b.status().message());
+      ra.models_memory = *b;
+    }
+    ra.threads = threads;
+    ra.scfg = scfg;
+    ra.ec = base_engine_config();
+    EngineConfig& ec = ra.ec;
     if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
     ra.http.host = host;
     ra.http.port = (uint16_t)port;
@@ -372,25 +378,10 @@ int cmd_serve(int argc, char** argv) {
   const std::shared_ptr<const Model>& m = loaded->model;
   const Tokenizer* tok = loaded->tok.get();
   if (tp.worker()) return tp.run_worker(cmd, *loaded->model, threads);
-  EngineConfig ec;
-  ec.n_threads = threads;
+  EngineConfig ec = base_engine_config();
   ec.tp = tp.engine_link();
-  ec.kv_memory_bytes = *kvb;
-  ec.swap_memory_bytes = swap_bytes;
-  ec.kv_cache_ram_bytes = tier_ram_bytes;
   ec.kv_cache_dir = tier_dir;
   ec.kv_cache_disk_bytes = tier_disk_bytes;
-  ec.block_size = block_size;
-  ec.kv_type = kv_type;
-  ec.max_batch_tokens = max_batch_tokens;
-  ec.max_seqs = max_seqs;
-  ec.max_model_len = ctx;
-  ec.enable_prefix_caching = !no_prefix_cache;
-  ec.swa_full = swa_full;
-  ec.max_n = max_n;
-  ec.pooling = pooling == "mean" ? Pooling::mean : pooling == "cls" ? Pooling::cls
-             : pooling == "last" ? Pooling::last : Pooling::none;
-  ec.max_embed_inputs = max_embed_inputs;
   if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
   if (!no_batch) {  // batch lines are background work (docs/BATCH.md)
     ec.background_priority = server::OpenAiServer::kBatchPriority;
@@ -467,12 +458,7 @@ int cmd_serve(int argc, char** argv) {
   hcfg.read_timeout_s = read_timeout;
   auto http_server = http::HttpServer::create(
       hcfg, [api_raw](http::HttpRequest r, std::shared_ptr<http::ResponseChannel> ch) { api_raw->handle(std::move(r), std::move(ch)); },
-      [](int status, const std::string& msg) {
-        server::ApiError e;
-        e.status = status;
-        e.message = msg;
-        return e.body();
-      });
+      &server::http_layer_error_body);
   if (!http_server.ok()) return fail(cmd, http_server.status().message(), 1);
   http::HttpServer* hs = http_server->get();
 

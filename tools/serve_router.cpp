@@ -125,12 +125,7 @@ int serve_router(const std::string& cmd, RouterServeArgs a) {
 
   auto http_server = http::HttpServer::create(
       a.http, [r](http::HttpRequest q, std::shared_ptr<http::ResponseChannel> ch) { r->handle(std::move(q), std::move(ch)); },
-      [](int status, const std::string& msg) {
-        server::ApiError e;
-        e.status = status;
-        e.message = msg;
-        return e.body();
-      });
+      &server::http_layer_error_body);
   if (!http_server.ok()) return fail(cmd, http_server.status().message(), 1);
   http::HttpServer* hs = http_server->get();
   std::thread signal_thread = drain_on_signal(sigs, cmd, a.drain_timeout_s,

@@ -4,6 +4,13 @@
 
 namespace serval::server {
 
+std::string http_layer_error_body(int status, const std::string& message) {
+  ApiError e;
+  e.status = status;
+  e.message = message;
+  return e.body();
+}
+
 std::string ApiError::body() const {
   nlohmann::json e = {{"message", message},
                       {"type", type},

@@ -28,6 +28,10 @@ inline ApiError method_not_allowed_error(const std::string& allow) {
   return ApiError{405, "method not allowed; use " + allow, "invalid_request_error", "", "method_not_allowed"};
 }
 
+// The body of an answer the HTTP layer gives itself (413, 431, 408, 400):
+// an http::ErrorBody for HttpServer::create.
+std::string http_layer_error_body(int status, const std::string& message);
+
 // Maps an engine/validation Status to a 400 whose param is the field named at
 // the start of the message ("top_p: expected ...").
 ApiError from_status(const Status& st);
