@@ -12,7 +12,7 @@ reported on its own and left out of the medians.
 Usage:
   python3 bench/router_bench.py --serval build/serval --model /tmp/models/tinyllama-q4_0.gguf \\
       [--other ../shared/models/stories260K.gguf] [--rounds 5] [--gen-len 8] [--threads 2]
-  --smoke: stories260K against itself, 2 rounds (CI: the script keeps working)
+  --smoke [--shared DIR]: stories260K against itself, 2 rounds (CI: the script keeps working)
 """
 
 import argparse
@@ -66,8 +66,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-memory", default="256M")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--shared", default=os.path.join(HERE, "..", "..", "shared"), help="the shared test data")
     a = ap.parse_args()
-    shared = os.path.join(HERE, "..", "..", "shared", "models", "stories260K.gguf")
+    shared = os.path.join(a.shared, "models", "stories260K.gguf")
     if a.smoke:
         a.model, a.other, a.rounds, a.gen_len = a.model or shared, a.other or shared, 2, 2
     a.other = a.other or shared
