@@ -134,15 +134,20 @@ def memory_returns_after_unload(_):
         base = rss_kib(pid)
         greedy(r.port, "big", n=4, headers=KEY)
         loaded = rss_kib(pid)
-        check(loaded - base > size_kib // 2, f"RSS grows by the model: {base} -> {loaded} KiB (file {size_kib} KiB)")
+        # Under ASan freed memory sits in its quarantine: RSS is checked on the plain build only.
+        rss = not Config.sanitized
+        check(not rss or loaded - base > size_kib // 2,
+              f"RSS grows by the model: {base} -> {loaded} KiB (file {size_kib} KiB)")
         # The admin route: without a key 401; with it the model goes and its memory with it.
         check_error_body(post(r.port, "/v1/models/big/unload", {}), 401, "unload without a key")
         u = post(r.port, "/v1/models/big/unload", {}, headers=KEY)
         eq(u.status, 200, f"unload ({u})")
         eq(u.json()["state"], "unloaded", "unload answer")
-        wait_until(lambda: rss_kib(pid) < loaded - size_kib // 2, 10)
-        after = rss_kib(pid)
-        check(loaded - after > size_kib // 2, f"RSS returns after unload: {loaded} -> {after} KiB (file {size_kib} KiB)")
+        if rss:
+            wait_until(lambda: rss_kib(pid) < loaded - size_kib // 2, 10)
+            after = rss_kib(pid)
+            check(loaded - after > size_kib // 2,
+                  f"RSS returns after unload: {loaded} -> {after} KiB (file {size_kib} KiB)")
         # Load it again by the admin route, then a request for the other model evicts it (--models-max 1).
         l = post(r.port, "/v1/models/big/load", {}, headers=KEY)
         eq(l.status, 200, f"load ({l})")
@@ -150,7 +155,9 @@ def memory_returns_after_unload(_):
         eq(states(r.port, KEY), {"big": "loaded", "small": "unloaded"}, "after the admin load")
         greedy(r.port, "small", n=4, headers=KEY)
         eq(states(r.port, KEY), {"big": "unloaded", "small": "loaded"}, "LRU eviction under --models-max 1")
-        wait_until(lambda: rss_kib(pid) < loaded - size_kib // 2, 10)
+        if rss:
+            _, waited = wait_until(lambda: rss_kib(pid) < loaded - size_kib // 2, 10)
+            check(waited is not None, f"RSS returns after the eviction: {rss_kib(pid)} KiB (loaded {loaded})")
         # A busy model is neither unloaded (409) nor evicted: its engine is held (--engine-control) with a
         # request inside, so a request for the other model waits its 1 s and gets a 503 with Retry-After.
         eq(post(r.port, "/v1/engine/pause?model=small", {}, headers=KEY).status, 200, "pause small's engine")
@@ -158,8 +165,9 @@ def memory_returns_after_unload(_):
         t = threading.Thread(target=lambda: res.setdefault("r", post(
             r.port, "/v1/completions", {"model": "small", "prompt": "Once", "max_tokens": 4}, headers=KEY)))
         t.start()
-        wait_until(lambda: get(r.port, "/v1/engine/state?model=small", headers=KEY).json()["requests"][
+        _, waited = wait_until(lambda: get(r.port, "/v1/engine/state?model=small", headers=KEY).json()["requests"][
             "http_in_flight"] >= 1, 20)
+        check(waited is not None, "the held request reached small's server")
         check_error_body(post(r.port, "/v1/models/small/unload", {}, headers=KEY), 409, "unload of a busy model",
                          code="model_busy")
         t0 = time.monotonic()
