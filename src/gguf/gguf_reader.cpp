@@ -234,7 +234,14 @@ Status GgufFile::parse_header() {
     uint32_t raw_type = 0;
     if (!c.read(&raw_type) || !c.read(&t.offset)) return invalid_file(what + ": truncated file (type/offset)");
     auto tr = dtype_traits(raw_type);
-    if (!tr) return invalid_file(what + ": invalid tensor type " + std::to_string(raw_type));
+    if (!tr) {
+      const std::string foreign = foreign_type_name(raw_type);
+      if (!foreign.empty())
+        return invalid_file(what + ": tensor type " + std::to_string(raw_type) + " is " + foreign +
+                            ", which serval does not read (quantize the model with llama.cpp's llama-quantize, or "
+                            "with serval quantize from F16/BF16)");
+      return invalid_file(what + ": invalid tensor type " + std::to_string(raw_type));
+    }
     t.type = (DType)raw_type;
     if (t.dims[0] % tr->block_size != 0)
       return invalid_file(what + ": row length " + std::to_string(t.dims[0]) + " is not a multiple of the " +

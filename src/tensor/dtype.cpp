@@ -3,6 +3,7 @@
 #include <array>
 #include <cctype>
 #include <string>
+#include <utility>
 
 namespace serval {
 namespace {
@@ -51,6 +52,30 @@ constexpr std::array<Entry, 32> kTable = {{
 }};
 
 }  // namespace
+
+std::string foreign_type_name(uint32_t id) {
+  // Ids as the forks' ggml.h number them (interop facts, for naming only).
+  static constexpr std::pair<uint32_t, std::string_view> kOld[] = {
+      {31, "Q4_0_4_4 (an ARM repacked Q4_0 that llama.cpp removed)"},
+      {32, "Q4_0_4_8 (an ARM repacked Q4_0 that llama.cpp removed)"},
+      {33, "Q4_0_8_8 (an ARM repacked Q4_0 that llama.cpp removed)"},
+      {36, "I2_S (Microsoft BitNet's)"},
+      {41, "ik_llama.cpp's Q1_0_G128"},
+      {97, "ik_llama.cpp's Q8_0_X4"},  {98, "ik_llama.cpp's Q8_1_X4"},  {99, "ik_llama.cpp's Q8_2_X4"},
+      {133, "ik_llama.cpp's Q6_0"},    {134, "ik_llama.cpp's IQ1_BN"},  {135, "ik_llama.cpp's IQ2_BN"},
+      {136, "ik_llama.cpp's Q8_K64"},  {137, "ik_llama.cpp's IQ2_K"},   {138, "ik_llama.cpp's IQ3_K"},
+      {139, "ik_llama.cpp's IQ4_K"},   {140, "ik_llama.cpp's IQ5_K"},   {141, "ik_llama.cpp's IQ6_K"},
+      {144, "ik_llama.cpp's IQ4_KS"},  {145, "ik_llama.cpp's IQ2_KS"},  {146, "ik_llama.cpp's IQ4_KSS"},
+      {152, "ik_llama.cpp's IQ5_KS"},  {153, "ik_llama.cpp's IQ2_KT"},  {154, "ik_llama.cpp's IQ3_KT"},
+      {155, "ik_llama.cpp's IQ4_KT"},  {156, "ik_llama.cpp's IQ3_KS"},  {157, "ik_llama.cpp's IQ2_KL"},
+      {158, "ik_llama.cpp's IQ1_KT"},
+  };
+  for (const auto& [i, name] : kOld)
+    if (i == id) return std::string(name);
+  // ik_llama.cpp's run-time repacked forms (written by llama-quantize --repack or -rtr saves): 200-399.
+  if (id >= 200 && id < 400) return "one of ik_llama.cpp's repacked _R4/_R8/_R16 types";
+  return {};
+}
 
 std::optional<DTypeTraits> dtype_traits(uint32_t raw_type) {
   for (const auto& e : kTable)

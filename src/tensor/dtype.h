@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace serval {
@@ -60,6 +61,12 @@ struct DTypeTraits {
 // Traits for a raw GGUF type id; nullopt for ids that name no type.
 std::optional<DTypeTraits> dtype_traits(uint32_t raw_type);
 inline std::optional<DTypeTraits> dtype_traits(DType t) { return dtype_traits((uint32_t)t); }
+
+// A GGUF type id that ggml forks give types serval does not know (the ARM
+// repacked Q4_0 variants, BitNet's I2_S, ik_llama.cpp's IQ*_K / *_KS / *_KT
+// and their run-time repacked _R4/_R8 forms): "ik_llama.cpp's IQ5_K";
+// empty for ids no known fork uses. For error messages only.
+std::string foreign_type_name(uint32_t raw_type);
 
 std::string_view dtype_name(DType t);
 // Parses "f16", "Q4_K", "q8_0", ... (case-insensitive); nullopt when unknown.

@@ -234,6 +234,9 @@ INSTANTIATE_TEST_SUITE_P(
           w.add_tensor("x", {4}, DType::f32, std::vector<uint8_t>(16)); return *w.serialize(); }, "duplicate tensor name 'x'"},
         Corrupt{"bad_tensor_type", [] {
           GgufWriter w; w.add_tensor("w", {4}, DType::f32, std::vector<uint8_t>(16)); w.override_last_type(4); return *w.serialize(); }, "invalid tensor type 4"},
+        Corrupt{"ik_llama_cpp_tensor_type", [] {
+          GgufWriter w; w.add_tensor("w", {4}, DType::f32, std::vector<uint8_t>(16)); w.override_last_type(140); return *w.serialize(); },
+                "tensor type 140 is ik_llama.cpp's IQ5_K, which serval does not read"},
         Corrupt{"row_not_block_multiple", [] {
           GgufWriter w; w.add_tensor("w", {48}, DType::q4_0, std::vector<uint8_t>(18)); return *w.serialize(); }, "not a multiple of the q4_0 block size 32"},
         Corrupt{"alignment_not_power_of_two", [] {
