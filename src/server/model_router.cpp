@@ -407,6 +407,21 @@ void ModelRouter::admin(const http::HttpRequest& req, const std::shared_ptr<http
     return send_error(ch, ApiError{403, "loading and unloading models needs an API key on the server (--api-key)",
                                    "permission_error", "", "admin_disabled"});
   std::shared_ptr<ServedModel> drop;
+  if (action == "unload") {
+    // A request whose answer was just sent still holds its state for a
+    // moment (quiescent() turns true right after): an unload sent after a
+    // reply waits for that, at most 200 ms, rather than answering 409. It is
+    // an operator's route; nothing waits if requests are still in flight.
+    for (int i = 0; i < 200; ++i) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (e->state != State::loaded || !e->served || e->served.use_count() > 1 || !e->waiters.empty() ||
+            e->served->api->in_flight() > 0 || e->served->api->quiescent())
+          break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (draining_)

@@ -14,7 +14,8 @@
 // command's) loads the file and builds its Engine and OpenAiServer. All
 // engines share one compute thread pool (EngineConfig::pool).
 //
-// Threads: handle() runs on HTTP I/O threads and never blocks. Loads,
+// Threads: handle() runs on HTTP I/O threads and never blocks (but for an
+// admin unload right after a reply: at most 200 ms). Loads,
 // unloads, the waiting requests' deadlines and idle unloading run on the
 // router's own loader thread; a request waiting for its model is handed to
 // the model's server from that thread.
