@@ -25,6 +25,7 @@
 
 #include "common/cpu_features.h"
 #include "common/thread_pool.h"
+#include "kernels/lora.h"
 #include "kernels/matmul.h"
 #include "kernels/ref/quants.h"
 #include "tensor/dtype.h"
@@ -168,6 +169,54 @@ void bm_attention(benchmark::State& state, Isa isa, int64_t n_ctx) {
   state.SetBytesProcessed((int64_t)state.iterations() * n_ctx * kv_stride * 2 * 4);
 }
 
+
+// LoRA updates of a decode step: `adapters` rank-16 F16 adapters of one
+// [rows, cols] base matrix, `per` token rows each (the mixed-adapter batch of
+// bench/lora_bench.py: 8 adapters x 2 rows), spread over the pool by
+// adapter, each adapter's rows in one kernels::lora_rows_f16 call as
+// model/lora.cpp's apply_lora does. Adapter copies span SERVAL_BENCH_MB so
+// each iteration reads them from DRAM. Bytes: every adapter's A and B once.
+void bm_lora(benchmark::State& state, Isa isa, int64_t rows, int64_t cols, int adapters, int per) {
+  if (kernels::set_isa(isa) != isa) {
+    state.SkipWithError("kernel level not supported on this CPU");
+    return;
+  }
+  const int64_t rank = 16;
+  const size_t one = (size_t)(rank * (rows + cols));  // elements of A and B
+  const size_t set = one * (size_t)adapters;
+  const size_t target = (size_t)env_int("SERVAL_BENCH_MB", 256) << 20;
+  const int copies = (int)std::max<size_t>(1, target / (set * 2));
+  std::vector<uint16_t> w(set * (size_t)copies);
+  uint64_t s = 5;
+  for (auto& v : w) {
+    const uint64_t r = mix(++s);
+    v = (uint16_t)(0x2000 + (r & 0x0fff) + ((r >> 12 & 1) << 15));
+  }
+  const int64_t n = (int64_t)adapters * per;
+  std::vector<float> x((size_t)(n * cols)), y((size_t)(n * rows));
+  for (auto& v : x) v = (float)((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5);
+  int c = 0;
+  for (auto _ : state) {
+    const uint16_t* base = w.data() + (size_t)c * set;
+    pool().parallel_for(adapters, [&](int64_t b, int64_t e) {
+      float t[16 * kernels::kLoraGroupRows];
+      const float* xs[64];
+      float* ys[64];
+      for (int64_t a = b; a < e; ++a) {
+        const uint16_t* at = base + (size_t)a * one;
+        for (int r = 0; r < per; ++r) {
+          xs[r] = x.data() + (a * per + r) * cols;
+          ys[r] = y.data() + (a * per + r) * rows;
+        }
+        kernels::lora_rows_f16(at, at + rank * cols, rank, cols, rows, 0.5f, xs, ys, per, t);
+      }
+    });
+    benchmark::ClobberMemory();
+    if (++c == copies) c = 0;
+  }
+  state.SetBytesProcessed((int64_t)state.iterations() * (int64_t)(set * 2));
+}
+
 // On a shared machine other processes only ever slow a run down: with
 // --benchmark_repetitions the min is the figure to compare (besides the median).
 double min_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()); }
@@ -207,6 +256,18 @@ int register_all() {
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime()
           ->ComputeStatistics("min", min_of);
+    }
+  for (const Shape& sh : shapes)
+    for (Isa isa : isas) {
+      if (!isa_supported(isa, cpu_features())) continue;
+      for (int per : {1, 2, 4}) {
+        const std::string name = "lora/f16x8x" + std::to_string(per) + "/" + std::to_string(sh.rows) + "x" +
+                                 std::to_string(sh.cols) + "/" + isa_name(isa);
+        benchmark::RegisterBenchmark(name.c_str(), bm_lora, isa, sh.rows, sh.cols, 8, per)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime()
+            ->ComputeStatistics("min", min_of);
+      }
     }
   return 0;
 }

@@ -135,7 +135,7 @@ Expected<std::shared_ptr<const LoraAdapter>> LoraAdapter::from_file(const gguf::
         for (int64_t i = 0; i < d.cols; ++i) std::memcpy(&d.at16[(size_t)(i * rank + k)], A + k * d.cols + i, 2);
       d.bt16.resize((size_t)(rank * d.rows));
       for (int64_t j = 0; j < d.rows; ++j)
-        for (int64_t k = 0; k < rank; ++k) std::memcpy(&d.bt16[(size_t)(k * d.rows + j)], B + j * rank + k, 2);
+        for (int64_t k = 0; k < rank; ++k) std::memcpy(&d.bt16[(size_t)kernels::lora_b_index(k, j, rank, d.rows)], B + j * rank + k, 2);
     } else {
       auto A = widen(f, t);
       if (!A.ok()) return A.status();
@@ -146,7 +146,7 @@ Expected<std::shared_ptr<const LoraAdapter>> LoraAdapter::from_file(const gguf::
         for (int64_t i = 0; i < d.cols; ++i) d.at[(size_t)(i * rank + k)] = (*A)[(size_t)(k * d.cols + i)];
       d.bt.resize((size_t)(rank * d.rows));
       for (int64_t j = 0; j < d.rows; ++j)
-        for (int64_t k = 0; k < rank; ++k) d.bt[(size_t)(k * d.rows + j)] = (*B)[(size_t)(j * rank + k)];
+        for (int64_t k = 0; k < rank; ++k) d.bt[(size_t)kernels::lora_b_index(k, j, rank, d.rows)] = (*B)[(size_t)(j * rank + k)];
     }
     // One scale for the adapter (llama.cpp: alpha / rank with the rank of each
     // tensor; adapters use one rank throughout, and a mix is refused).
@@ -170,7 +170,7 @@ float LoraDelta::a(int64_t k, int64_t i) const {
 }
 
 float LoraDelta::b(int64_t j, int64_t k) const {
-  const size_t e = (size_t)(k * rows + j);
+  const size_t e = (size_t)kernels::lora_b_index(k, j, rank, rows);
   return f16 ? fp16_to_fp32(bt16[e]) : bt[e];
 }
 
@@ -183,27 +183,47 @@ size_t LoraAdapter::bytes() const {
 
 void apply_lora(std::span<const LoraRow> rows, const float* x, float* y, ThreadPool* pool) {
   if (rows.empty()) return;
+  // Units of work: up to kernels::kLoraGroupRows consecutive rows of one
+  // adapter (the caller lists each adapter's rows together), run in one kernel
+  // call that reads the adapter's A and B once for all of them.
+  thread_local std::vector<std::pair<int64_t, int64_t>> units;  // [begin, end) of rows
+  units.clear();
+  for (int64_t q = 0, n = (int64_t)rows.size(); q < n;) {
+    int64_t e = q + 1;
+    while (e < n && e - q < kernels::kLoraGroupRows && rows[(size_t)e].d == rows[(size_t)q].d &&
+           rows[(size_t)e].scale == rows[(size_t)q].scale)
+      ++e;
+    units.emplace_back(q, e);
+    q = e;
+  }
+  const std::vector<std::pair<int64_t, int64_t>>& us = units;
   auto run = [&](int64_t b, int64_t e) {
     thread_local std::vector<float> t;
-    for (int64_t q = b; q < e; ++q) {
-      const LoraRow& lr = rows[(size_t)q];
+    const float* xs[kernels::kLoraGroupRows];
+    float* ys[kernels::kLoraGroupRows];
+    for (int64_t u = b; u < e; ++u) {
+      const auto [r0, r1] = us[(size_t)u];
+      const LoraRow& lr = rows[(size_t)r0];
       const LoraDelta& d = *lr.d;
-      if ((int64_t)t.size() < d.rank) t.resize((size_t)d.rank);
+      const int n = (int)(r1 - r0);
+      if ((int64_t)t.size() < d.rank * n) t.resize((size_t)(d.rank * n));
+      for (int i = 0; i < n; ++i) {
+        xs[i] = x + rows[(size_t)(r0 + i)].row * d.cols;
+        ys[i] = y + rows[(size_t)(r0 + i)].row * d.rows;
+      }
       if (d.f16)
-        kernels::lora_row_f16(d.at16.data(), d.bt16.data(), d.rank, d.cols, d.rows, lr.scale, x + lr.row * d.cols,
-                              y + lr.row * d.rows, t.data());
+        kernels::lora_rows_f16(d.at16.data(), d.bt16.data(), d.rank, d.cols, d.rows, lr.scale, xs, ys, n, t.data());
       else
-        kernels::lora_row(d.at.data(), d.bt.data(), d.rank, d.cols, d.rows, lr.scale, x + lr.row * d.cols,
-                          y + lr.row * d.rows, t.data());
+        kernels::lora_rows(d.at.data(), d.bt.data(), d.rank, d.cols, d.rows, lr.scale, xs, ys, n, t.data());
     }
   };
-  const int64_t n = (int64_t)rows.size();
+  const int64_t n_units = (int64_t)us.size();
   const LoraDelta& d0 = *rows[0].d;
-  const int64_t macs_per_row = std::max<int64_t>(1, d0.rank * (d0.cols + d0.rows));
-  if (pool && n > 1 && n * macs_per_row >= kernels::kMinChunkMacs / 4)
-    pool->parallel_for(n, run, std::max<int64_t>(1, kernels::kMinChunkMacs / 4 / macs_per_row));
+  const int64_t macs_per_unit = std::max<int64_t>(1, d0.rank * (d0.cols + d0.rows));
+  if (pool && n_units > 1 && n_units * macs_per_unit >= kernels::kMinChunkMacs / 4)
+    pool->parallel_for(n_units, run, std::max<int64_t>(1, kernels::kMinChunkMacs / 4 / macs_per_unit));
   else
-    run(0, n);
+    run(0, n_units);
 }
 
 std::vector<float> merged_matrix(const Matrix& m, const LoraDelta& d, float scale) {

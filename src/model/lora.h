@@ -46,7 +46,7 @@ struct LoraDelta {
   std::string name;           // the base tensor's name
   bool f16 = false;           // at16/bt16 hold A and B, else at/bt
   std::vector<float> at;      // A transposed: [cols][rank]
-  std::vector<float> bt;      // B transposed: [rank][rows]
+  std::vector<float> bt;      // B in kernels::lora_row's blocks (kernels::lora_b_index)
   std::vector<uint16_t> at16, bt16;
   float a(int64_t k, int64_t i) const;  // A[k][i], widened
   float b(int64_t j, int64_t k) const;  // B[j][k], widened
@@ -90,8 +90,10 @@ struct LoraRow {
   float scale;
   int64_t row;         // of x (stride d->cols) and y (stride d->rows)
 };
-// Applies every listed row's update (kernels::lora_row: each row's result is
-// independent of the others), spread over the pool by rows. Optional pool.
+// Applies every listed row's update (each row's result is independent of the
+// others): consecutive rows of one adapter go to kernels::lora_rows in groups
+// of kernels::kLoraGroupRows (the adapter's bytes read once per group), the
+// groups spread over the pool. Optional pool.
 void apply_lora(std::span<const LoraRow> rows, const float* x, float* y, ThreadPool* pool);
 
 // W + scale * B·A for base matrix m ([rows][cols] F32), computed the obvious

@@ -39,7 +39,7 @@ TEST(LoraRow, MatchesTheUpdateInDouble) {
       for (int64_t k = 0; k < rank; ++k) {
         double tk = 0;
         for (int64_t i = 0; i < cols; ++i) tk += (double)at[(size_t)(i * rank + k)] * x[(size_t)i];
-        want += scale * tk * bt[(size_t)(k * rows + j)];
+        want += scale * tk * bt[(size_t)kernels::lora_b_index(k, j, rank, rows)];
       }
       EXPECT_NEAR(y[(size_t)j], want, 1e-4 * (1 + std::abs(want))) << rank << "x" << cols << "x" << rows << " j " << j;
     }
@@ -64,5 +64,42 @@ TEST(LoraRow, F16EqualsF32OnTheWidenedValues) {
     kernels::lora_row(at.data(), bt.data(), rank, cols, rows, 0.75f, x.data(), y32.data(), t.data());
     kernels::lora_row_f16(at16.data(), bt16.data(), rank, cols, rows, 0.75f, x.data(), y16.data(), t.data());
     EXPECT_EQ(std::memcmp(y32.data(), y16.data(), y32.size() * 4), 0) << rank << "x" << cols << "x" << rows;
+  }
+}
+
+// Several rows of one adapter in one call (lora_rows / lora_rows_f16, any
+// count, groups of kLoraGroupRows inside): each row gets exactly the bytes it
+// gets alone from lora_row.
+TEST(LoraRow, GroupedRowsEqualEachRowAlone) {
+  for (const auto& [rank, cols, rows] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {16, 256, 128}, {19, 203, 150}, {32, 130, 70}, {8, 64, 192}}) {
+    auto at = randn((size_t)(cols * rank), 11, 0.1f), bt = randn((size_t)(rank * rows), 12, 0.1f);
+    std::vector<uint16_t> at16(at.size()), bt16(bt.size());
+    for (size_t i = 0; i < at.size(); ++i) at[i] = fp16_to_fp32(at16[i] = fp32_to_fp16(at[i]));
+    for (size_t i = 0; i < bt.size(); ++i) bt[i] = fp16_to_fp32(bt16[i] = fp32_to_fp16(bt[i]));
+    for (int n : {1, 2, 3, 4, 5, 9}) {
+      const auto x = randn((size_t)(n * cols), 13 + n, 1.0f), y0 = randn((size_t)(n * rows), 14 + n, 1.0f);
+      for (bool f16 : {false, true}) {
+        std::vector<float> alone = y0, grouped = y0, t((size_t)(rank * kernels::kLoraGroupRows));
+        std::vector<const float*> xs;
+        std::vector<float*> ys;
+        for (int r = 0; r < n; ++r) {
+          const float* xr = x.data() + r * cols;
+          if (f16)
+            kernels::lora_row_f16(at16.data(), bt16.data(), rank, cols, rows, 0.5f, xr, alone.data() + r * rows, t.data());
+          else
+            kernels::lora_row(at.data(), bt.data(), rank, cols, rows, 0.5f, xr, alone.data() + r * rows, t.data());
+          xs.push_back(xr);
+          ys.push_back(grouped.data() + r * rows);
+        }
+        if (f16)
+          kernels::lora_rows_f16(at16.data(), bt16.data(), rank, cols, rows, 0.5f, xs.data(), ys.data(), n, t.data());
+        else
+          kernels::lora_rows(at.data(), bt.data(), rank, cols, rows, 0.5f, xs.data(), ys.data(), n, t.data());
+        EXPECT_EQ(std::memcmp(alone.data(), grouped.data(), alone.size() * 4), 0)
+            << rank << "x" << cols << "x" << rows << " n " << n << (f16 ? " f16" : " f32");
+        EXPECT_NE(std::memcmp(alone.data(), y0.data(), alone.size() * 4), 0);  // the update did something
+      }
+    }
   }
 }
