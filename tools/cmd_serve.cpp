@@ -229,7 +229,10 @@ int cmd_serve(int argc, char** argv) {
     const char* single_only = !loras.empty() ? "--lora" : lora_runtime ? "--lora-runtime" : !served_name.empty() ? "--served-model-name"
                             : !aliases.empty() ? "--alias (use the preset's aliases)" : !tier_dir.empty() ? "--kv-cache-dir"
                             : tp.size > 1 ? "--tp" : !batch_dir.empty() ? "--batch-dir" : nullptr;
-    if (single_only) return fail(cmd, std::string(single_only) + " is not available in router mode (several models); serve one model for it");
+    if (single_only)
+      return fail(cmd, std::string(single_only) + " is not available in router mode (several models); " +
+                           (loras.empty() ? "serve one model for it"
+                                          : "give a model's adapters in the preset: lora = [\"NAME=FILE[:SCALE]\"]"));
     no_batch = true;
   }
 
@@ -357,6 +360,7 @@ int cmd_serve(int argc, char** argv) {
     ra.ec = base_engine_config();
     EngineConfig& ec = ra.ec;
     if (auto rc = spec.resolve(cmd, &ec.spec)) return *rc;
+    ec.max_loras = max_loras;  // per model, for the preset's adapters
     ra.http.host = host;
     ra.http.port = (uint16_t)port;
     ra.http.n_threads = http_threads;
@@ -394,22 +398,11 @@ int cmd_serve(int argc, char** argv) {
   if (!api.ok()) return fail(cmd, api.status().message());
   server::OpenAiServer* api_raw = api->get();
   for (const std::string& spec_text : loras) {
-    const size_t eq = spec_text.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec_text.size())
-      return fail(cmd, "--lora " + spec_text + ": expected NAME=FILE[:SCALE]");
-    const std::string name = spec_text.substr(0, eq);
-    std::string file = spec_text.substr(eq + 1);
-    float scale = 1.0f;
-    if (const size_t colon = file.rfind(':'); colon != std::string::npos) {
-      const std::string tail = file.substr(colon + 1);
-      char* end = nullptr;
-      const double v = std::strtod(tail.c_str(), &end);
-      if (!tail.empty() && end == tail.c_str() + tail.size()) {
-        if (!(v >= -100.0 && v <= 100.0)) return fail(cmd, "--lora " + spec_text + ": SCALE must be in [-100, 100]");
-        scale = (float)v;
-        file.resize(colon);
-      }
-    }
+    auto ad = parse_lora_arg(spec_text);
+    if (!ad.ok()) return fail(cmd, "--lora " + ad.status().message());
+    const std::string& name = ad->name;
+    const std::string& file = ad->path;
+    const float scale = ad->scale;
     if (Status st = api_raw->check_adapter_name(name); !st.ok()) return fail(cmd, "--lora " + name + ": " + st.message());
     if (Status st = (*engine)->load_lora(name, file, scale); !st.ok())
       return fail(cmd, "--lora " + name + ": " + st.message());

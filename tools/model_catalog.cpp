@@ -1,6 +1,7 @@
 #include "model_catalog.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -92,8 +93,26 @@ Status apply_preset(const std::string& file, std::vector<server::RouterModelSpec
           if (!str || !valid_id(*str)) return invalid_argument(at + ": each alias is a string of 1 to 256 characters");
           s->aliases.push_back(*str);
         }
+      } else if (kk == "lora") {
+        const toml::array* a = v.as_array();
+        if (!a || a->size() > 256)
+          return invalid_argument(at + ": expected an array of at most 256 strings \"NAME=FILE[:SCALE]\"");
+        s->loras.clear();
+        for (auto& e : *a) {
+          auto str = e.value<std::string>();
+          if (!str) return invalid_argument(at + ": each adapter is a string \"NAME=FILE[:SCALE]\"");
+          auto ad = parse_lora_arg(*str);
+          if (!ad.ok()) return invalid_argument(at + ": " + ad.status().message());
+          if (!valid_id(ad->name))
+            return invalid_argument(at + ": " + *str + ": an adapter name is 1 to 256 characters without control characters");
+          ad->path = resolve(file, ad->path);
+          std::error_code ec;
+          if (!fs::is_regular_file(ad->path, ec)) return invalid_argument(at + ": " + *str + ": no such file '" + ad->path + "'");
+          s->loras.push_back(std::move(ad.value()));
+        }
       } else {
-        return invalid_argument(at + ": unknown setting (path, aliases, ctx, kv_memory, chat_template, draft, pinned)");
+        return invalid_argument(at +
+                                ": unknown setting (path, aliases, ctx, kv_memory, chat_template, draft, pinned, lora)");
       }
     }
     if (s == &fresh) {
@@ -106,6 +125,26 @@ Status apply_preset(const std::string& file, std::vector<server::RouterModelSpec
 }
 
 }  // namespace
+
+Expected<server::RouterModelSpec::Adapter> parse_lora_arg(const std::string& text) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
+    return invalid_argument(text + ": expected NAME=FILE[:SCALE]");
+  server::RouterModelSpec::Adapter a;
+  a.name = text.substr(0, eq);
+  a.path = text.substr(eq + 1);
+  if (const size_t colon = a.path.rfind(':'); colon != std::string::npos) {
+    const std::string tail = a.path.substr(colon + 1);
+    char* end = nullptr;
+    const double v = std::strtod(tail.c_str(), &end);
+    if (!tail.empty() && end == tail.c_str() + tail.size()) {
+      if (!(v >= -100.0 && v <= 100.0)) return invalid_argument(text + ": SCALE must be in [-100, 100]");
+      a.scale = (float)v;
+      a.path.resize(colon);
+    }
+  }
+  return a;
+}
 
 bool is_named_model_arg(const std::string& arg) {
   const size_t eq = arg.find('=');

@@ -15,6 +15,11 @@ namespace serval::cli {
 // it has '=' after a non-empty name and is not itself an existing file.
 bool is_named_model_arg(const std::string& arg);
 
+// A LoRA argument NAME=FILE[:SCALE] (serve's --lora, the preset's `lora`
+// entries): SCALE in [-100, 100], 1 when absent. The error says what is wrong
+// (the caller prefixes where it came from).
+Expected<server::RouterModelSpec::Adapter> parse_lora_arg(const std::string& text);
+
 // named: NAME=FILE arguments; dir: a folder of *.gguf (empty: none);
 // preset: a TOML file (empty: none). Errors name the argument, file or key.
 Expected<std::vector<server::RouterModelSpec>> build_model_catalog(const std::vector<std::string>& named,

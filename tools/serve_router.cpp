@@ -74,6 +74,12 @@ Expected<std::unique_ptr<server::ServedModel>> make_model(const RouterServeArgs&
   }
   auto api = server::OpenAiServer::create(*parts->engine, sc);
   if (!api.ok()) return api.status();
+  for (const server::RouterModelSpec::Adapter& ad : s.loras) {
+    if (Status st = (*api)->check_adapter_name(ad.name); !st.ok()) return Status(st).with_context("lora " + ad.name);
+    if (Status st = parts->engine->load_lora(ad.name, ad.path, ad.scale); !st.ok())
+      return Status(st).with_context("lora " + ad.name);
+    bytes += file_size_or_0(ad.path);
+  }
   auto served = std::make_unique<server::ServedModel>();
   served->max_model_len = parts->engine->info().max_model_len;
   served->api = std::move(api.value());

@@ -119,11 +119,22 @@ Expected<std::unique_ptr<ModelRouter>> ModelRouter::create(std::vector<RouterMod
                                 "' is not 1 to 256 characters without control characters");
       e.ids.push_back(a);
     }
+    for (const RouterModelSpec::Adapter& a : s.loras) {
+      if (a.name.empty() || a.name.size() > 256 ||
+          std::any_of(a.name.begin(), a.name.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+        return invalid_argument("model '" + s.name + "': adapter name '" + a.name +
+                                "' is not 1 to 256 characters without control characters");
+      e.ids.push_back(a.name);  // a request for the adapter goes to its base's server
+    }
     for (const std::string& id : e.ids)
       if (!taken.insert(id).second) return invalid_argument("model id '" + id + "' is given to two models");
     std::error_code ec;
     const auto sz = std::filesystem::file_size(s.path, ec);
     e.file_bytes = ec ? 0 : (uint64_t)sz;
+    for (const RouterModelSpec::Adapter& a : s.loras) {
+      const auto asz = std::filesystem::file_size(a.path, ec);
+      e.file_bytes += ec ? 0 : (uint64_t)asz;
+    }
     e.spec = std::move(s);
     entries.push_back(std::move(e));
   }
@@ -372,6 +383,15 @@ void ModelRouter::list_models(const std::shared_ptr<http::ResponseChannel>& ch) 
     if (e.served) m["max_model_len"] = e.served->max_model_len;
     if (e.state == State::failed) m["error"] = e.error;
     data.push_back(std::move(m));
+    // Its LoRA adapters as models of their own, the base as parent (as vLLM
+    // and the single-model server list them), in the base's state.
+    for (const RouterModelSpec::Adapter& a : e.spec.loras) {
+      json am = {{"id", a.name},   {"object", "model"}, {"created", created}, {"owned_by", "serval"},
+                 {"parent", e.spec.name}, {"root", a.path}, {"status", {{"value", st}}}, {"state", st},
+                 {"lora", {{"scale", a.scale}}}};
+      if (e.served) am["max_model_len"] = e.served->max_model_len;
+      data.push_back(std::move(am));
+    }
   }
   send_json(ch, 200, dump(json{{"object", "list"}, {"data", data}}));
 }

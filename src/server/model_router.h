@@ -51,6 +51,13 @@ struct RouterModelSpec {
   std::string chat_template_file;    // empty: serve's --chat-template, else the model's own
   std::string draft_model;           // empty: serve's speculative settings
   bool pinned = false;               // loaded at start, never unloaded by LRU or idleness
+  // LoRA adapters loaded with the model (the preset's `lora`), each addressed
+  // as a model id of its own that routes to this model, listed with it as parent.
+  struct Adapter {
+    std::string name, path;
+    float scale = 1.0f;
+  };
+  std::vector<Adapter> loras;
 };
 
 // A loaded model: its server and what keeps the server's engine, model and

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Router mode of `serval serve` (several models behind one server, docs/ROUTER.md):
--m NAME=FILE (repeated), --models-dir and a TOML preset; models load on their
+-m NAME=FILE (repeated), --models-dir and a TOML preset (with LoRA adapters); models load on their
 first request and --models-max evicts the least recently used idle one;
 /v1/models lists each model's state; a request for a model gets what a
 single-model server of the same file gives; memory returns after an unload
@@ -239,6 +239,41 @@ def preset_aliases_pinned_and_ctx(_):
         eq(states(r.port), {"stories": "loaded", "llama": "unloaded"}, "pinned stays, the other never loaded")
 
 
+def synth_lora(name, *args):
+    path = os.path.join(TMP, name)
+    r = subprocess.run([Config.serval, "gguf", "synth-lora", "--base", P.STORIES, "-o", path, "--std-b", "0.08",
+                        *args], capture_output=True, text=True, timeout=60)
+    eq(r.returncode, 0, f"synth-lora {name}: {r.stderr}")
+    return path
+
+
+@suite.test
+def preset_lora_adapters(_):
+    """A model's adapters from the preset: each is a model id of its own that
+    loads its base, answers what a single-model server with --lora gives, and
+    is listed with the base as parent."""
+    ad = synth_lora("kid.gguf", "--rank", "8", "--alpha", "16", "--seed", "1")
+    preset = os.path.join(TMP, "lora.toml")
+    with open(preset, "w") as f:  # a relative adapter path resolves against the preset's folder
+        f.write(f'[stories]\npath = "{P.STORIES}"\nlora = ["kid=kid.gguf:0.5"]\n\n[llama]\npath = "{P.LLAMA}"\n')
+    with Server("--lora", f"kid={ad}:0.5", model=P.STORIES, name="single-lora") as s:
+        r = post(s.port, "/v1/completions", {"model": "kid", "prompt": "Once upon a time", "max_tokens": 12,
+                                             "temperature": 0, "ignore_eos": True})
+        eq(r.status, 200, f"single-model server with --lora ({r})")
+        want = r.json()["choices"][0]["text"]
+    base_want = one_model_text(P.STORIES)
+    check(want != base_want, "the adapter changes the answer")
+    with Router("--models-preset", preset, "--models-max", "1") as r:
+        ms = {m["id"]: m for m in get(r.port, "/v1/models").json()["data"]}
+        eq(ms["kid"]["parent"], "stories", "the adapter is listed with its base as parent")
+        eq(ms["kid"]["state"], "unloaded", "in its base's state")
+        eq(greedy(r.port, "kid"), want, "the adapter through the router answers as with --lora")
+        eq(greedy(r.port, "stories"), base_want, "its base answers without it")
+        eq(greedy(r.port, "llama"), one_model_text(P.LLAMA), "the other model")
+        eq(greedy(r.port, "kid"), want, "the adapter again, after its base was evicted and reloaded")
+        eq(states(r.port), {"stories": "loaded", "kid": "loaded", "llama": "unloaded"}, "states with the adapter")
+
+
 @suite.test
 def bad_router_flags_one_line(_):
     bad = os.path.join(TMP, "bad.toml")
@@ -252,7 +287,10 @@ def bad_router_flags_one_line(_):
     for body, args_want in [('[m]\npath = "x.gguf"\nbogus = 1\n', "unknown setting"),
                             ('[m]\nctx = -5\npath = "a"\n', "ctx"),
                             ('[m]\naliases = "x"\n', "aliases"),
-                            ('[m = \n', "bad.toml")]:
+                            ('[m = \n', "bad.toml"),
+                            (f'[m]\npath = "{P.STORIES}"\nlora = ["a=/nonexistent.gguf"]\n', "no such file"),
+                            (f'[m]\npath = "{P.STORIES}"\nlora = ["a"]\n', "expected NAME=FILE"),
+                            (f'[m]\npath = "{P.STORIES}"\nlora = ["m=/etc/hostname"]\n', "given to two models")]:
         cases.append((["--models-preset", bad], args_want, body))
     for case in cases:
         args, want = case[0], case[1]
