@@ -174,6 +174,7 @@ ModelRouter::~ModelRouter() {
   }
   cv_.notify_all();
   if (loader_.joinable()) loader_.join();
+  if (load_thread_.joinable()) load_thread_.join();
   for (Waiter& w : left)
     send_error(w.ch, ApiError{503, "server is shutting down", "server_error", "", "draining"});
   std::lock_guard<std::mutex> lk(mu_);
@@ -608,7 +609,7 @@ void ModelRouter::loader_loop() {
     };
     Entry* target = nullptr;
     std::vector<std::pair<Entry*, std::vector<Waiter>>> never_fit;
-    for (Entry* cand : draining_ ? std::vector<Entry*>{} : wanted) {
+    for (Entry* cand : draining_ || load_running_ ? std::vector<Entry*>{} : wanted) {
       const size_t need = est_bytes(*cand);
       if (!fits(pinned_n, pinned_bytes, need)) {  // not even with every unpinned model out
         std::vector<Waiter> ws(std::make_move_iterator(cand->waiters.begin()),
@@ -636,7 +637,10 @@ void ModelRouter::loader_loop() {
       target = cand;
       break;
     }
-    if (target) target->state = State::loading;
+    if (target) {
+      target->state = State::loading;
+      load_running_ = true;
+    }
     lk.unlock();
     const bool freed = !drop.empty();
     drop.clear();
@@ -654,43 +658,55 @@ void ModelRouter::loader_loop() {
       release(std::move(ws), nullptr, e->spec.name, err, "failed");
     }
     if (target) {
-      const auto t0 = Clock::now();
-      auto made = make(target->spec);
-      const double took = seconds(Clock::now() - t0);
-      std::shared_ptr<ServedModel> served;
-      std::string err;
-      if (made.ok() && *made && (*made)->api) {
-        served = std::shared_ptr<ServedModel>(std::move(made.value()));
-      } else {
-        err = made.ok() ? "the loader made no server" : made.status().message();
-      }
-      std::vector<Waiter> ws;
-      bool drain_now = false;
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        if (served) {
-          target->state = State::loaded;
-          target->served = served;
-          target->error.clear();
-          target->loads++;
-          target->last_load_s = took;
-          target->last_used = Clock::now();
-          drain_now = draining_;
-        } else {
-          target->state = State::failed;
-          target->error = err;
-          target->failed_at = Clock::now();
-          target->load_failures++;
-        }
-        ws.assign(std::make_move_iterator(target->waiters.begin()), std::make_move_iterator(target->waiters.end()));
-        target->waiters.clear();
-      }
-      if (drain_now) served->api->begin_drain();
-      release(std::move(ws), served, target->spec.name, err, served ? "loaded" : "failed");
-      served.reset();
+      // On its own thread, so that deadlines keep being checked while it
+      // loads (a large model takes seconds; other models' waiters must still
+      // get their 503 at --models-load-timeout). The previous load's thread
+      // has finished its load (load_running_ was false); join its last steps.
+      if (load_thread_.joinable()) load_thread_.join();
+      load_thread_ = std::thread([this, target] { finish_load(target); });
     }
     lk.lock();
   }
+}
+
+void ModelRouter::finish_load(Entry* target) {
+  const auto t0 = Clock::now();
+  auto made = make(target->spec);
+  const double took = seconds(Clock::now() - t0);
+  std::shared_ptr<ServedModel> served;
+  std::string err;
+  if (made.ok() && *made && (*made)->api) {
+    served = std::shared_ptr<ServedModel>(std::move(made.value()));
+  } else {
+    err = made.ok() ? "the loader made no server" : made.status().message();
+  }
+  std::vector<Waiter> ws;
+  bool drain_now = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (served) {
+      target->state = State::loaded;
+      target->served = served;
+      target->error.clear();
+      target->loads++;
+      target->last_load_s = took;
+      target->last_used = Clock::now();
+      drain_now = draining_;
+    } else {
+      target->state = State::failed;
+      target->error = err;
+      target->failed_at = Clock::now();
+      target->load_failures++;
+    }
+    ws.assign(std::make_move_iterator(target->waiters.begin()), std::make_move_iterator(target->waiters.end()));
+    target->waiters.clear();
+  }
+  if (drain_now) served->api->begin_drain();
+  release(std::move(ws), served, target->spec.name, err, served ? "loaded" : "failed");
+  served.reset();
+  std::lock_guard<std::mutex> done(mu_);
+  load_running_ = false;
+  cv_.notify_all();
 }
 
 Status ModelRouter::load_now(const std::string& name) {

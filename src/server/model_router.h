@@ -155,6 +155,10 @@ class ModelRouter {
   static bool idle(const Entry& e);
   size_t est_bytes(const Entry& e) const;
   void loader_loop();
+  // Runs on load_thread_: builds `target`'s server and hands it its waiters.
+  // The loader loop keeps expiring deadlines (and unloading idle models)
+  // meanwhile; one load at a time.
+  void finish_load(Entry* target);
   // The factory's result; an exception it throws (std::bad_alloc) is a failed load.
   Expected<std::unique_ptr<ServedModel>> make(const RouterModelSpec& spec);
   // Answers waiters once their model is loaded (hands them to its server),
@@ -171,6 +175,8 @@ class ModelRouter {
   bool stop_ = false;
   bool draining_ = false;
   std::thread loader_;
+  std::thread load_thread_;
+  bool load_running_ = false;  // under mu_: load_thread_ has not finished its load
 };
 
 // Prometheus text of several servers as one exposition: each family once,
