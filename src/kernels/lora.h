@@ -35,7 +35,8 @@ void lora_row_f16(const uint16_t* at, const uint16_t* bt, int64_t rank, int64_t 
 
 // The rows of one adapter's update several at a time: x[r] and y[r] for
 // r < n, each row's result bit for bit what lora_row (lora_row_f16) gives it
-// alone; A and B are widened and read once per kLoraGroupRows rows. `t`: the
+// alone; A and B are widened and read once per kLoraGroupRows rows (F16 at
+// AVX-512; once per two rows where the generic body runs). `t`: the
 // caller's scratch of kLoraGroupRows * rank floats.
 inline constexpr int kLoraGroupRows = 4;
 void lora_rows(const float* at, const float* bt, int64_t rank, int64_t cols, int64_t rows, float scale,
