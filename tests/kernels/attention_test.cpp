@@ -280,9 +280,11 @@ TEST(AttentionTile, SlidingWindowAndSoftcapMatchTheOracle) {
   IsaGuard guard;
   const Shape shapes[] = {{8, 2, 64, 16, 183, 37, 32},     {4, 4, 32, 16, 100, 20, 1},
                           {6, 2, 40, 16, 70, 3, 21},       {8, 4, 32, 8, 90, 17, 50, 10.0f},
-                          {8, 2, 64, 16, 20, 40, 0, 5.0f}, {4, 2, 64, 16, 300, 16, 17}};
+                          {8, 2, 64, 16, 20, 40, 0, 5.0f}, {4, 2, 64, 16, 300, 16, 17},
+                          // head_dim with a tail, blocks that do not align with the 16-position chunks
+                          {8, 4, 24, 7, 90, 5, 20},        {8, 4, 8, 16, 60, 3, 9}};
   for (const Shape& s : shapes)
-    for (KvType t : {KvType::f32, KvType::f16, KvType::q8_0}) {
+    for (KvType t : {KvType::f32, KvType::f16, KvType::bf16, KvType::fp8, KvType::q8_0}) {
       if (!kv_type_check(t, s.head_dim).empty()) continue;
       const PagedKv kv(t, s.p0 + s.m, s.block_size, s.n_kv_heads * s.head_dim, 13);
       const auto q = random_q((int64_t)s.m * s.n_heads * s.head_dim, 7);
