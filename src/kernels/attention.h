@@ -4,9 +4,11 @@
 //
 // Tile kernel (flash style): one pass over the K/V positions the tile needs,
 // 16 positions (a "chunk", aligned to absolute positions 16c .. 16c + 15) at a
-// time; each chunk's K and V head slices are decoded once into a 16 x head_dim
-// L1 buffer and used by every query row of the tile (m tokens x group heads);
-// the softmax is online (running max, running sum, rescaled accumulator).
+// time; each chunk's K head slices are transposed once into an L1 tile and its
+// V slices read (F32/F16/BF16 in place, the block and FP8 types decoded once
+// into a 16 x head_dim buffer), used by every query row of the tile (m tokens x
+// group heads); the softmax is online (running max, running sum, rescaled
+// accumulator).
 //
 // Numerics (SIMD levels, identical at avx2/avx512/avx512vnni). Per query row
 // at position p, for chunks c = 0 .. p / 16 in order, n = min(16, p + 1 - 16c):
