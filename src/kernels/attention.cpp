@@ -87,12 +87,22 @@ void attention_tile_ref(const AttentionTile& t) {
 void kv_store_row(KvType t, const float* x, int64_t n, uint8_t* dst) {
   switch (t) {
     case KvType::f32: std::memcpy(dst, x, (size_t)n * 4); return;
-    case KvType::f16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = fp32_to_fp16(x[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
+    case KvType::f16: {
+      // Every token's K and V rows of every layer: F16C at the SIMD levels
+      // (the same bits as the scalar codec; dst is 2-byte aligned, the cache's
+      // rows of F16 elements).
+      auto* h = reinterpret_cast<uint16_t*>(dst);
+      switch (active_isa()) {
+        case Isa::ref:
+          for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
+          return;
+        case Isa::avx2:
+        case Isa::avx2vnni: return detail::f16_store_avx2()(x, n, h);
+        case Isa::avx512:
+        case Isa::avx512vnni: return detail::f16_store_avx512()(x, n, h);
       }
       return;
+    }
     case KvType::bf16:
       for (int64_t i = 0; i < n; ++i) {
         const uint16_t h = fp32_to_bf16(x[i]);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/cpu_features.h"
+#include "common/fp16.h"
 #include "kernels/attention.h"
 #include "kernels/isa_levels.h"
 #include "kernels/matmul.h"
@@ -87,6 +88,39 @@ TEST(KvType, NamesBytesAndHeadDimCheck) {
   EXPECT_EQ(kv_type_check(KvType::f16, 8), "");
   EXPECT_NE(kv_type_check(KvType::q8_0, 8).find("multiple of 32"), std::string::npos);
   EXPECT_EQ(kv_type_check(KvType::q4_0, 64), "");
+}
+
+// The F16 row store at every level gives the scalar codec's bits
+// (common/fp16.h, tested against its definition) for every input class: a
+// stride through all 2^32 bit patterns (normals, subnormals, the rounding
+// ties, overflow to inf, NaNs with payloads) and rows of every length mod 8.
+TEST(KvType, F16StoreAtEveryLevelEqualsTheScalarCodec) {
+  IsaGuard guard;
+  std::vector<float> x;
+  for (uint64_t b = 0; b < (1ull << 32); b += 65521) {
+    const uint32_t u = (uint32_t)b;
+    float f;
+    std::memcpy(&f, &u, 4);
+    x.push_back(f);
+  }
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-14f, 0x1.ffcp-15f, -0.0f,
+                  INFINITY, -INFINITY, NAN})
+    x.push_back(f);
+  std::vector<uint16_t> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = fp32_to_fp16(x[i]);
+  for (Isa isa : levels()) {
+    ASSERT_EQ(kernels::set_isa(isa), isa);
+    std::vector<uint16_t> got(x.size() + 8, 0xdead);
+    kernels::kv_store_row(KvType::f16, x.data(), (int64_t)x.size(), reinterpret_cast<uint8_t*>(got.data()));
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " at " << i << " x = " << x[i];
+    EXPECT_EQ(got[x.size()], 0xdead) << "wrote past the row";
+    for (int64_t n = 1; n <= 17; ++n) {  // short rows: the 8-wide groups and the scalar tail
+      std::vector<uint16_t> row((size_t)n);
+      kernels::kv_store_row(KvType::f16, x.data() + 1000, n, reinterpret_cast<uint8_t*>(row.data()));
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(row[(size_t)i], want[(size_t)(1000 + i)]) << isa_name(isa) << " n " << n;
+    }
+  }
 }
 
 // Round trip error bounds, per 32-element block of max |x| = a:

@@ -30,4 +30,5 @@ SERVAL_TARGET_END
 
 namespace serval::kernels::detail {
 AttentionTileFn attention_tile_avx2() { return attention_tile_tmpl<B>; }
+F16StoreFn f16_store_avx2() { return f16_store_row; }
 }  // namespace serval::kernels::detail

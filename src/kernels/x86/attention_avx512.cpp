@@ -32,4 +32,5 @@ SERVAL_AVX512_DIAGNOSTICS_END
 
 namespace serval::kernels::detail {
 AttentionTileFn attention_tile_avx512() { return attention_tile_tmpl<B>; }
+F16StoreFn f16_store_avx512() { return f16_store_row; }
 }  // namespace serval::kernels::detail
