@@ -549,11 +549,13 @@ void ModelRouter::loader_loop() {
       const char* state;
     };
     std::vector<Expired> expired;
-    // Waiters past their deadline.
+    // Waiters past their deadline. An operator's load (admin) that has
+    // started waits for its end: the route answers with the load's outcome.
     for (Entry& e : entries_) {
       Expired x{{}, e.spec.name, state_name(e.state)};
       for (auto it = e.waiters.begin(); it != e.waiters.end();) {
-        if (it->deadline <= now || it->ch->disconnected()) {
+        const bool past = it->deadline <= now && !(it->admin && e.state == State::loading);
+        if (past || it->ch->disconnected()) {
           if (!it->ch->disconnected()) x.ws.push_back(std::move(*it));
           it = e.waiters.erase(it);
         } else {

@@ -1,5 +1,7 @@
 // ModelRouter's loader with an injected model factory (no engine): a slow
-// load must not hold back the deadlines of requests waiting for other models.
+// load must not hold back the deadlines of requests waiting for other models,
+// and an operator's load route answers with the load's outcome however long
+// the load takes.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -126,4 +128,39 @@ TEST(ModelRouter, AFailedLoadAnswersItsWaitersWithTheLoadersMessage) {
   const auto st = (*router)->status();
   ASSERT_EQ(st.size(), 1u);
   EXPECT_EQ(st[0].state, server::ModelRouter::State::failed);
+}
+
+TEST(ModelRouter, TheAdminLoadRouteWaitsForALoadLongerThanTheRequestWait) {
+  const std::string file = std::string(SERVAL_SHARED_DIR) + "/models/stories260K.gguf";
+  std::vector<server::RouterModelSpec> specs(1);
+  specs[0].name = "m";
+  specs[0].path = file;
+  // The load takes 1 s, past the 0.3 s a request waits; it fails (no engine
+  // here), so the route's answer is the loader's message.
+  auto factory = [](const server::RouterModelSpec&) -> Expected<std::unique_ptr<server::ServedModel>> {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    return invalid_argument("test factory: no model");
+  };
+  server::RouterConfig cfg;
+  cfg.load_wait_s = 0.3;
+  cfg.api_keys = {"k"};
+  auto router = server::ModelRouter::create(specs, factory, cfg);
+  ASSERT_TRUE(router.ok()) << router.status().message();
+  http::HttpRequest load;
+  load.method = "POST";
+  load.path = "/v1/models/m/load";
+  load.headers = {{"authorization", "Bearer k"}, {"content-type", "application/json"}};
+  load.body = "{}";
+  auto admin = std::make_shared<Recorder>();
+  auto req = std::make_shared<Recorder>();
+  const auto sent = Clock::now();
+  (*router)->handle(load, admin);
+  http::HttpRequest completion = completion_for("m");
+  completion.headers.push_back({"authorization", "Bearer k"});
+  (*router)->handle(completion, req);
+  // The request waits its 0.3 s and gets a 503; the admin load waits for the load.
+  ASSERT_EQ(req->wait(std::chrono::seconds(5)), 503) << req->body();
+  ASSERT_EQ(admin->wait(std::chrono::seconds(5)), 500) << admin->body();
+  EXPECT_GE(std::chrono::duration<double>(admin->at() - sent).count(), 0.9) << "answered before the load ended";
+  EXPECT_NE(admin->body().find("test factory: no model"), std::string::npos) << admin->body();
 }
