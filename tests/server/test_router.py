@@ -132,6 +132,9 @@ def memory_returns_after_unload(_):
                 "--engine-control", "--models-load-timeout", "1") as r:
         pid = r.proc.pid
         base = rss_kib(pid)
+        # The admin route waits for the load (a request waits only its 1 s, and
+        # under ASan a 160M model can take longer to load).
+        eq(post(r.port, "/v1/models/big/load", {}, headers=KEY).status, 200, "first load")
         greedy(r.port, "big", n=4, headers=KEY)
         loaded = rss_kib(pid)
         # Under ASan freed memory sits in its quarantine: RSS is checked on the plain build only.
