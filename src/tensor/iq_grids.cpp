@@ -313,7 +313,7 @@ constexpr uint16_t kIq1sCodes[2048] = {
 };
 
 template <typename Word, size_t N, size_t M>
-std::array<Word, N> expand(const uint16_t (&codes)[N], int width, int base, const uint8_t (&alphabet)[M]) {
+constexpr std::array<Word, N> expand(const uint16_t (&codes)[N], int width, int base, const uint8_t (&alphabet)[M]) {
   std::array<Word, N> out{};
   for (size_t i = 0; i < N; ++i) {
     uint32_t c = codes[i];
@@ -334,29 +334,14 @@ constexpr uint8_t kIq1Alphabet[3] = {0xFF, 0, 1};  // -1, 0, 1 as int8
 
 }  // namespace
 
-const uint64_t* iq2xxs_grid() {
-  static const auto g = expand<uint64_t>(kIq2xxsCodes, 8, 3, kIq2Alphabet);
-  return g.data();
-}
-const uint64_t* iq2xs_grid() {
-  static const auto g = expand<uint64_t>(kIq2xsCodes, 8, 3, kIq2Alphabet);
-  return g.data();
-}
-const uint64_t* iq2s_grid() {
-  static const auto g = expand<uint64_t>(kIq2sCodes, 8, 3, kIq2Alphabet);
-  return g.data();
-}
-const uint32_t* iq3xxs_grid() {
-  static const auto g = expand<uint32_t>(kIq3xxsCodes, 4, 8, kIq3xxsAlphabet);
-  return g.data();
-}
-const uint32_t* iq3s_grid() {
-  static const auto g = expand<uint32_t>(kIq3sCodes, 4, 8, kIq3sAlphabet);
-  return g.data();
-}
-const uint64_t* iq1s_grid() {
-  static const auto g = expand<uint64_t>(kIq1sCodes, 8, 3, kIq1Alphabet);
-  return g.data();
-}
+// Constant-initialized (no run-time construction, so no initialization-order
+// question), with external linkage: the kernels index them at a link-time
+// address instead of calling an accessor per lookup.
+constexpr std::array<uint64_t, 256> kIq2xxsGrid = expand<uint64_t>(kIq2xxsCodes, 8, 3, kIq2Alphabet);
+constexpr std::array<uint64_t, 512> kIq2xsGrid = expand<uint64_t>(kIq2xsCodes, 8, 3, kIq2Alphabet);
+constexpr std::array<uint64_t, 1024> kIq2sGrid = expand<uint64_t>(kIq2sCodes, 8, 3, kIq2Alphabet);
+constexpr std::array<uint32_t, 256> kIq3xxsGrid = expand<uint32_t>(kIq3xxsCodes, 4, 8, kIq3xxsAlphabet);
+constexpr std::array<uint32_t, 512> kIq3sGrid = expand<uint32_t>(kIq3sCodes, 4, 8, kIq3sAlphabet);
+constexpr std::array<uint64_t, 2048> kIq1sGrid = expand<uint64_t>(kIq1sCodes, 8, 3, kIq1Alphabet);
 
 }  // namespace serval

@@ -1,8 +1,8 @@
 // The lattice codebooks ("grids") of the IQ1_S/IQ1_M, IQ2_XXS/IQ2_XS/IQ2_S and
 // IQ3_XXS/IQ3_S formats, as the GGUF format defines them (ggml's iq*_grid
 // tables): entry i holds 8 (IQ1, IQ2) or 4 (IQ3) values, element j in byte j
-// of the little-endian word. Pure data, built once at static initialization
-// from the compact codes in iq_grids.cpp; thread-safe to read.
+// of the little-endian word. Pure data, expanded at compile time from the
+// compact codes in iq_grids.cpp; thread-safe to read.
 //
 //   grid      entries  values per entry  magnitudes
 //   kIq2xxs   256      8                 8, 25, 43
@@ -13,15 +13,23 @@
 //   kIq1s     2048     8                 -1, 0, 1 (int8)
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace serval {
 
-const uint64_t* iq2xxs_grid();  // [256]
-const uint64_t* iq2xs_grid();   // [512]
-const uint64_t* iq2s_grid();    // [1024]
-const uint32_t* iq3xxs_grid();  // [256]
-const uint32_t* iq3s_grid();    // [512]
-const uint64_t* iq1s_grid();    // [2048], bytes are int8 (-1 = 0xFF)
+extern const std::array<uint64_t, 256> kIq2xxsGrid;
+extern const std::array<uint64_t, 512> kIq2xsGrid;
+extern const std::array<uint64_t, 1024> kIq2sGrid;
+extern const std::array<uint32_t, 256> kIq3xxsGrid;
+extern const std::array<uint32_t, 512> kIq3sGrid;
+extern const std::array<uint64_t, 2048> kIq1sGrid;  // bytes are int8 (-1 = 0xFF)
+
+inline const uint64_t* iq2xxs_grid() { return kIq2xxsGrid.data(); }
+inline const uint64_t* iq2xs_grid() { return kIq2xsGrid.data(); }
+inline const uint64_t* iq2s_grid() { return kIq2sGrid.data(); }
+inline const uint32_t* iq3xxs_grid() { return kIq3xxsGrid.data(); }
+inline const uint32_t* iq3s_grid() { return kIq3sGrid.data(); }
+inline const uint64_t* iq1s_grid() { return kIq1sGrid.data(); }
 
 }  // namespace serval

@@ -263,6 +263,10 @@ struct Avx2 {
     const __m256i m = _mm256_set1_epi8(mask);
     return {_mm256_and_si256(v.lo, m), _mm256_and_si256(v.hi, m)};
   }
+  // Each byte minus 1 (TQ2_0's t - 1).
+  static SERVAL_SIMD_INLINE I dec8(I v) {
+    return {_mm256_sub_epi8(v.lo, _mm256_set1_epi8(1)), _mm256_sub_epi8(v.hi, _mm256_set1_epi8(1))};
+  }
   static SERVAL_SIMD_INLINE I srl4(I v) { return {_mm256_srli_epi16(v.lo, 4), _mm256_srli_epi16(v.hi, 4)}; }
   static SERVAL_SIMD_INLINE I load64(const uint8_t* p) { return iload(p); }
   // ---- lattice (IQ) grids: 64 bytes of grid entries, signs by bit mask -------
