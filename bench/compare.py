@@ -46,6 +46,10 @@ def parse_peer(text):
     return name, shlex.split(cmd), shlex.split(extra)
 
 
+class BenchFailed(Exception):
+    """A run that gave no figures (a peer may not read a file's tensor types)."""
+
+
 def run_bench(cmd, model, args, timeout):
     """One llama-bench-style run; returns {test name: t/s} (pp<P>, tg<N>)."""
     full = cmd + ["-m", model, "-p", str(args.p), "-n", str(args.n), "-r", str(args.r), "-t", str(args.t),
@@ -53,15 +57,15 @@ def run_bench(cmd, model, args, timeout):
     try:
         res = subprocess.run(full, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise SystemExit(f"compare.py: {' '.join(full)}: no answer within {timeout} s")
+        raise BenchFailed(f"{' '.join(full)}: no answer within {timeout} s")
     if res.returncode != 0:
         tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
-        raise SystemExit(f"compare.py: {' '.join(full)} exited {res.returncode}: {' | '.join(tail)}")
+        raise BenchFailed(f"{' '.join(full)} exited {res.returncode}: {' | '.join(tail)}")
     # llama-bench may print log lines around the JSON array.
     out = res.stdout
     start, end = out.find("["), out.rfind("]")
     if start < 0 or end < start:
-        raise SystemExit(f"compare.py: {' '.join(full)}: no JSON in its output")
+        raise BenchFailed(f"{' '.join(full)}: no JSON in its output")
     rows = json.loads(out[start:end + 1])
     figures, size = {}, 0
     for row in rows:
@@ -130,10 +134,20 @@ def main():
     bw_before = roofline(roof, args.t, mb)
     # samples[model][test][engine] = [t/s per round]; sizes[model][engine] = bytes
     samples, sizes = {}, {}
+    failed = {}  # (model, peer) -> why; a peer that fails on a file is not run on it again
     for rnd in range(args.rounds):
         for model in args.model:
             for name, cmd, extra in engines:
-                figures, size = run_bench(cmd + extra, model, args, args.timeout)
+                if (model, name) in failed:
+                    continue
+                try:
+                    figures, size = run_bench(cmd + extra, model, args, args.timeout)
+                except BenchFailed as e:
+                    if name == "serval":
+                        raise SystemExit(f"compare.py: {e}")
+                    failed[(model, name)] = str(e)
+                    print(f"round {rnd + 1} {os.path.basename(model)} {name}: failed ({e})", file=sys.stderr, flush=True)
+                    continue
                 sizes.setdefault(model, {})[name] = size
                 for test, ts in figures.items():
                     samples.setdefault(model, {}).setdefault(test, {}).setdefault(name, []).append(ts)
@@ -158,7 +172,7 @@ def main():
         for test in sorted(samples.get(model, {})):
             per = samples[model][test]
             med = {e: statistics.median(v) for e, v in per.items()}
-            best_peer = max(names, key=lambda n: med.get(n, 0.0))
+            best_peer = max(names, key=lambda n: med.get(n, 0.0))  # a failed peer counts as 0
             row = {"file": model, "test": test, "median_ts": med,
                    "ratio": {n: med["serval"] / med[n] for n in names if med.get(n)},
                    "ratio_best": med["serval"] / med[best_peer] if med.get(best_peer) else None,
@@ -176,6 +190,8 @@ def main():
                 cells += ["—", "—"]
             print("| " + " | ".join(cells) + " |")
             out.append(row)
+    for (model, name), why in failed.items():
+        print(f"# {name} gave no figures for {os.path.basename(model)}: {why}")
     if args.smoke:
         # Every test of every file has a positive median for every engine and a ratio.
         want = ({f"pp{args.p}"} if args.p else set()) | ({f"tg{args.n}"} if args.n else set())
@@ -188,7 +204,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"started": t_start, "bandwidth_gb_s": bws, "threads": args.t, "rounds": args.rounds,
-                       "note": args.note, "rows": out}, f, indent=1)
+                       "note": args.note, "rows": out,
+                       "failed": [{"file": m, "peer": n, "why": w} for (m, n), w in failed.items()]}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -120,14 +120,15 @@ inline float iq_decode(const block_iq3_s& b, int8_t* q, int8_t* sc) {
 }
 
 // 8 g + 1 per byte (g in -1..1 as int8 bytes), or 8 g - 1 where the shift is
-// negative: -9..9.
+// negative: -9..9. Eight bytes at once: 8 g is the word shifted by 3 with each
+// byte's spill into its neighbour masked off; + 1 is an OR (the low 3 bits
+// are 0); - 1 adds 0xFF to every byte with no carry between bytes (low 7 bits
+// added, the top bit by XOR).
 inline uint64_t iq1_values(uint64_t g, bool neg) {
-  uint64_t v = 0;
-  for (int j = 0; j < 8; ++j) {
-    const int x = 8 * (int)(int8_t)(g >> (8 * j)) + (neg ? -1 : 1);
-    v |= (uint64_t)(uint8_t)(int8_t)x << (8 * j);
-  }
-  return v;
+  constexpr uint64_t kTop = 0x8080808080808080ull;
+  const uint64_t g8 = (g << 3) & 0xF8F8F8F8F8F8F8F8ull;
+  if (!neg) return g8 | 0x0101010101010101ull;
+  return ((g8 & ~kTop) + ~kTop) ^ (~g8 & kTop);
 }
 
 inline float iq_decode(const block_iq1_s& b, int8_t* q, int8_t* sc) {
@@ -147,8 +148,7 @@ inline float iq_decode(const block_iq1_m& b, int8_t* q, int8_t* sc) {
   const uint64_t* grid = iq1s_grid();
   uint16_t w[4];
   std::memcpy(w, b.scales, 8);
-  const uint16_t dbits =
-      (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0x00F0) | ((w[2] >> 4) & 0x0F00) | (w[3] & 0xF000));
+  const uint16_t dbits = iq1_m_scale_bits(b);
   for (int ib = 0; ib < 8; ++ib) {
     sc[2 * ib] = (int8_t)(2 * ((w[ib / 2] >> (6 * (ib % 2))) & 7) + 1);
     sc[2 * ib + 1] = (int8_t)(2 * ((w[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1);
@@ -181,20 +181,29 @@ inline float iq_decode(const block_tq2_0& b, int8_t* q, int8_t* sc) {
   return fp16_to_fp32(b.d);
 }
 
-// One super-block decoded (for n > 1: a panel of rows is decoded once, then
-// every activation tile reads it; the integers are iq_decode's, so results
-// equal the direct path bit for bit).
-struct alignas(64) IqDecodedSb {
-  int8_t q[256];
-  int8_t sc[16];
-  float d;
-  uint8_t pad[44];
-};
-static_assert(sizeof(IqDecodedSb) == 320);
+// The IQDx16 layout (n > 1): one super-block of 16 rows decoded, for the
+// packed K-family tiles (x86/packed_kq.inc, PolIqDx16), built per group of
+// 16 rows in scratch at each matmul (the stored blocks stay as they are):
+//   uint8_t q[16 sub-blocks j][4 vectors i][16 rows r][4]  q + 64 (2..126) of
+//           elements 16 j + 4 i .. + 3 of row r   (bytes 0 .. 4095)
+//   int8_t  sc[16 j][16 r]                         (bytes 4096 .. 4351)
+//   float   d[16 r]                                (bytes 4352 .. 4415)
+inline constexpr size_t kIqDx16SbBytes = 4416, kIqDx16Sc = 4096, kIqDx16D = 4352;
 
+// Row r of an IQDx16 super-block from the stored block b.
 template <class Blk>
-inline void iq_decode_sb(const Blk& b, IqDecodedSb* out) {
-  out->d = iq_decode(b, out->q, out->sc);
+inline void iq_dx16_put(const Blk& b, uint8_t* sb, int r) {
+  alignas(64) int8_t q[256];
+  int8_t sc[16];
+  const float d = iq_decode(b, q, sc);
+  for (int k = 0; k < 64; ++k) {  // k = 4 j + i: elements 4k .. 4k + 3
+    uint32_t v;
+    std::memcpy(&v, q + 4 * k, 4);
+    v = ((v & 0x7F7F7F7Fu) + 0x40404040u) ^ (v & 0x80808080u);  // + 64 per byte, no carries (|q| <= 62)
+    std::memcpy(sb + 64 * k + 4 * r, &v, 4);
+  }
+  for (int j = 0; j < 16; ++j) sb[kIqDx16Sc + 16 * j + r] = (uint8_t)sc[j];
+  std::memcpy(sb + kIqDx16D + 4 * r, &d, 4);
 }
 
 }  // namespace serval::kernels::detail

@@ -275,6 +275,12 @@ struct block_iq1_m {
   uint8_t qh[QK_K / 16];
   uint8_t scales[QK_K / 32];
 };
+// The F16 bits of an IQ1_M block's super-scale (see above).
+inline uint16_t iq1_m_scale_bits(const block_iq1_m& b) {
+  uint16_t w[4];
+  std::memcpy(w, b.scales, 8);
+  return (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0x00F0) | ((w[2] >> 4) & 0x0F00) | (w[3] & 0xF000));
+}
 // TQ1_0 (1.69 bpw, ternary): 5 trits per byte of qs (48 bytes: 240 elements)
 // and 4 per byte of qh (16). Trit n of byte q is ((uint8_t)(q * 3^n) * 3) >> 8
 // (the byte is a base-3 fraction, most significant trit first); y = d * (t - 1).

@@ -127,13 +127,6 @@ void dequantize_iq1_s(const block_iq1_s* x, float* y, int64_t nb) {
   }
 }
 
-// The F16 super-scale of an IQ1_M block, from the top nibbles of its scale words.
-uint16_t iq1_m_scale_bits(const block_iq1_m& b) {
-  uint16_t w[4];
-  std::memcpy(w, b.scales, 8);
-  return (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0x00F0) | ((w[2] >> 4) & 0x0F00) | (w[3] & 0xF000));
-}
-
 void dequantize_iq1_m(const block_iq1_m* x, float* y, int64_t nb) {
   const uint64_t* grid = iq1s_grid();
   for (int64_t i = 0; i < nb; ++i) {

@@ -36,8 +36,6 @@ void dequantize_tq1_0(const block_tq1_0* x, float* y, int64_t nb);
 void dequantize_tq2_0(const block_tq2_0* x, float* y, int64_t nb);
 // Trit n (0..4) of a TQ1_0 byte, 0..2.
 int tq1_trit(uint8_t q, int n);
-// The F16 super-scale bits of an IQ1_M block.
-uint16_t iq1_m_scale_bits(const block_iq1_m& b);
 
 // Unpacks the 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block.
 void unpack_scale_min_k4(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m);

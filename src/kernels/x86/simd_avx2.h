@@ -273,6 +273,11 @@ struct Avx2 {
   // (The same bytes as simd_avx512.h's; entries loaded one by one rather than
   // by vpgather*, which qemu 7.2's AVX2 emulation, used by CI's dispatch test,
   // gets wrong for some index forms, and which is slow on several AVX2 cores.)
+  static SERVAL_SIMD_INLINE I u64x8(long long e0, long long e1, long long e2, long long e3, long long e4,
+                                    long long e5, long long e6, long long e7) {
+    return {_mm256_setr_epi64x(e0, e1, e2, e3), _mm256_setr_epi64x(e4, e5, e6, e7)};
+  }
+  static SERVAL_SIMD_INLINE I add8(I a, I b) { return {_mm256_add_epi8(a.lo, b.lo), _mm256_add_epi8(a.hi, b.hi)}; }
   static SERVAL_SIMD_INLINE I gather_u64_idx8(const uint64_t* grid, uint64_t idx8) {
     auto e = [&](int k) { return (long long)grid[(idx8 >> (8 * k)) & 255]; };
     return {_mm256_setr_epi64x(e(0), e(1), e(2), e(3)), _mm256_setr_epi64x(e(4), e(5), e(6), e(7))};

@@ -301,6 +301,7 @@ struct Avx512 {
     const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set_epi64x(e5, e4)), _mm_set_epi64x(e7, e6), 1);
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   }
+  static SERVAL_SIMD_INLINE I add8(I a, I b) { return _mm512_add_epi8(a, b); }
   static SERVAL_SIMD_INLINE I gather_u64_idx8(const uint64_t* grid, uint64_t idx8) {
     auto e = [&](int k) { return (long long)grid[(idx8 >> (8 * k)) & 255]; };
     return u64x8(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
