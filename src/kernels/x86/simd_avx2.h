@@ -270,38 +270,12 @@ struct Avx2 {
   static SERVAL_SIMD_INLINE I srl4(I v) { return {_mm256_srli_epi16(v.lo, 4), _mm256_srli_epi16(v.hi, 4)}; }
   static SERVAL_SIMD_INLINE I load64(const uint8_t* p) { return iload(p); }
   // ---- lattice (IQ) grids: 64 bytes of grid entries, signs by bit mask -------
-  // (The same bytes as simd_avx512.h's; entries loaded one by one rather than
-  // by vpgather*, which qemu 7.2's AVX2 emulation, used by CI's dispatch test,
-  // gets wrong for some index forms, and which is slow on several AVX2 cores.)
+  // Eight 64-bit grid entries as one vector (matmul_tmpl.inc's iq_gather_*).
   static SERVAL_SIMD_INLINE I u64x8(long long e0, long long e1, long long e2, long long e3, long long e4,
                                     long long e5, long long e6, long long e7) {
     return {_mm256_setr_epi64x(e0, e1, e2, e3), _mm256_setr_epi64x(e4, e5, e6, e7)};
   }
   static SERVAL_SIMD_INLINE I add8(I a, I b) { return {_mm256_add_epi8(a.lo, b.lo), _mm256_add_epi8(a.hi, b.hi)}; }
-  static SERVAL_SIMD_INLINE I gather_u64_idx8(const uint64_t* grid, uint64_t idx8) {
-    auto e = [&](int k) { return (long long)grid[(idx8 >> (8 * k)) & 255]; };
-    return {_mm256_setr_epi64x(e(0), e(1), e(2), e(3)), _mm256_setr_epi64x(e(4), e(5), e(6), e(7))};
-  }
-  static SERVAL_SIMD_INLINE I gather_u64_idx16(const uint64_t* grid, __m128i idx16) {
-    alignas(16) uint16_t ix[8];
-    _mm_store_si128((__m128i*)ix, idx16);
-    auto e = [&](int k) { return (long long)grid[ix[k]]; };
-    return {_mm256_setr_epi64x(e(0), e(1), e(2), e(3)), _mm256_setr_epi64x(e(4), e(5), e(6), e(7))};
-  }
-  static SERVAL_SIMD_INLINE I gather_u32_idx16(const uint32_t* grid, __m256i idx16) {
-    alignas(32) uint16_t ix[16];
-    _mm256_store_si256((__m256i*)ix, idx16);
-    auto e = [&](int k) { return (int)grid[ix[k]]; };
-    return {_mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7)),
-            _mm256_setr_epi32(e(8), e(9), e(10), e(11), e(12), e(13), e(14), e(15))};
-  }
-  static SERVAL_SIMD_INLINE I gather_u32_idx8(const uint32_t* grid, __m128i idx8) {
-    alignas(16) uint8_t ix[16];
-    _mm_store_si128((__m128i*)ix, idx8);
-    auto e = [&](int k) { return (int)grid[ix[k]]; };
-    return {_mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7)),
-            _mm256_setr_epi32(e(8), e(9), e(10), e(11), e(12), e(13), e(14), e(15))};
-  }
   // 32 bits -> 32 bytes of 0xFF (bit set) / 0.
   static SERVAL_SIMD_INLINE __m256i bits_to_bytes(uint32_t m) {
     const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,

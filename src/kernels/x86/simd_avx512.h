@@ -294,7 +294,7 @@ struct Avx512 {
   static SERVAL_SIMD_INLINE I dec8(I v) { return _mm512_sub_epi8(v, _mm512_set1_epi8(1)); }
   static SERVAL_SIMD_INLINE I srl4(I v) { return _mm512_srli_epi16(v, 4); }
   // ---- lattice (IQ) grids: 64 bytes of grid entries, signs by bit mask -------
-  // 8 entries of a u64 grid: indices as 8 bytes of idx8 / 8 u16 lanes of idx16.
+  // Eight 64-bit grid entries as one vector (matmul_tmpl.inc's iq_gather_*).
   static SERVAL_SIMD_INLINE I u64x8(long long e0, long long e1, long long e2, long long e3, long long e4,
                                     long long e5, long long e6, long long e7) {
     const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set_epi64x(e1, e0)), _mm_set_epi64x(e3, e2), 1);
@@ -302,38 +302,6 @@ struct Avx512 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   }
   static SERVAL_SIMD_INLINE I add8(I a, I b) { return _mm512_add_epi8(a, b); }
-  static SERVAL_SIMD_INLINE I gather_u64_idx8(const uint64_t* grid, uint64_t idx8) {
-    auto e = [&](int k) { return (long long)grid[(idx8 >> (8 * k)) & 255]; };
-    return u64x8(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
-  }
-  // Zen 4 runs vpgather slower than loads and inserts of the same entries;
-  // the indices are read out of two 64-bit words rather than lane by lane.
-  static SERVAL_SIMD_INLINE I gather_u64_idx16(const uint64_t* grid, __m128i idx16) {
-    const uint64_t a = (uint64_t)_mm_cvtsi128_si64(idx16), b = (uint64_t)_mm_extract_epi64(idx16, 1);
-    auto e = [&](int k) { return (long long)grid[(uint16_t)((k < 4 ? a : b) >> (16 * (k % 4)))]; };
-    return u64x8(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
-  }
-  // 16 entries of a u32 grid: indices as 16 bytes / 16 u16 lanes.
-  static SERVAL_SIMD_INLINE I gather_u32_idx8(const uint32_t* grid, __m128i idx8) {
-    const uint64_t a = (uint64_t)_mm_cvtsi128_si64(idx8), b = (uint64_t)_mm_extract_epi64(idx8, 1);
-    auto e = [&](int k) {
-      const uint64_t w = k < 4 ? a : b;
-      const int s = 16 * (k % 4);
-      return (long long)((uint64_t)grid[(uint8_t)(w >> s)] | (uint64_t)grid[(uint8_t)(w >> (s + 8))] << 32);
-    };
-    return u64x8(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
-  }
-  static SERVAL_SIMD_INLINE I gather_u32_idx16(const uint32_t* grid, __m256i idx16) {
-    const __m128i lo = _mm256_castsi256_si128(idx16), hi = _mm256_extracti128_si256(idx16, 1);
-    const uint64_t w[4] = {(uint64_t)_mm_cvtsi128_si64(lo), (uint64_t)_mm_extract_epi64(lo, 1),
-                           (uint64_t)_mm_cvtsi128_si64(hi), (uint64_t)_mm_extract_epi64(hi, 1)};
-    auto e = [&](int k) {
-      const uint64_t x = w[k / 2];
-      const int s = 32 * (k % 2);
-      return (long long)((uint64_t)grid[(uint16_t)(x >> s)] | (uint64_t)grid[(uint16_t)(x >> (s + 16))] << 32);
-    };
-    return u64x8(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
-  }
   // Byte j negated where bit j of m is set.
   static SERVAL_SIMD_INLINE I neg_bytes(I v, uint64_t m) {
     return _mm512_mask_sub_epi8(v, (__mmask64)m, _mm512_setzero_si512(), v);
