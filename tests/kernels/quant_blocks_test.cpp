@@ -60,7 +60,7 @@ TEST(QuantBlocks, LayoutMatchesDtypeTable) {
   EXPECT_FALSE(ref::can_dequantize(DType::q8_1));
   EXPECT_FALSE(ref::can_dequantize(DType::q8_k));
   EXPECT_FALSE(ref::can_dequantize(DType::i8));
-  EXPECT_FALSE(ref::can_quantize(DType::iq3_s));
+  EXPECT_TRUE(ref::can_quantize(DType::iq3_s));
   EXPECT_FALSE(ref::can_quantize(DType::i32));
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/status.h"
+#include "tensor/quant_blocks.h"
 
 namespace serval::ref::detail {
 namespace {
@@ -340,6 +341,39 @@ float search_codebook(int n, const Codebook16& cb, const float* x, const float* 
     std::memcpy(L, tmp, (size_t)n);
   }
   return best_d;
+}
+
+void super_block_weights(const float* x, const float* imatrix, DefaultWeights mode, int sub, float* w) {
+  if (imatrix) {
+    double s2 = 0;
+    for (int i = 0; i < QK_K; ++i) s2 += (double)x[i] * x[i];
+    const float sigma2 = (float)(s2 / QK_K);
+    for (int i = 0; i < QK_K; ++i) w[i] = imatrix[i] * std::sqrt(sigma2 + x[i] * x[i]);
+    return;
+  }
+  switch (mode) {
+    case DefaultWeights::square:
+      for (int i = 0; i < QK_K; ++i) w[i] = x[i] * x[i];
+      break;
+    case DefaultWeights::abs:
+      for (int i = 0; i < QK_K; ++i) w[i] = std::fabs(x[i]);
+      break;
+    case DefaultWeights::mean_square_plus_square: {
+      double s2 = 0;
+      for (int i = 0; i < QK_K; ++i) s2 += (double)x[i] * x[i];
+      const float ms = (float)(s2 / QK_K);
+      for (int i = 0; i < QK_K; ++i) w[i] = ms + x[i] * x[i];
+      break;
+    }
+    case DefaultWeights::rms_plus_abs:
+      for (int j = 0; j < QK_K; j += sub) {
+        double s2 = 0;
+        for (int i = j; i < j + sub; ++i) s2 += (double)x[i] * x[i];
+        const float rms = (float)std::sqrt(s2 / sub);
+        for (int i = j; i < j + sub; ++i) w[i] = rms + std::fabs(x[i]);
+      }
+      break;
+  }
 }
 
 }  // namespace serval::ref::detail

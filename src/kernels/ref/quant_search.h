@@ -60,6 +60,23 @@ float quantize_scales_unsigned(int n, int qmax, const float* v, const float* imp
 // Signed values v[j] to d * q[j], q[j] in [-qneg, qpos], d F16-representable.
 float quantize_scales_signed(int n, int qneg, int qpos, const float* v, const float* imp, int8_t* q);
 
+// Element weights used when no imatrix is given, per format. Q2_K, Q4_K,
+// Q5_K and Q6_K use the weightings ggml's reference quantizers use (tuned on
+// real models for perplexity, not just RMSE); Q3_K blends ggml's x^2 with
+// unit weights, which on the mini model weights beats llama.cpp's Q3_K under
+// both plain and x^2-weighted error (ggml's x^2 alone loses on plain RMSE).
+enum class DefaultWeights {
+  square,                   // x^2: favours the large elements (Q6_K)
+  abs,                      // |x| (Q2_K)
+  rms_plus_abs,             // rms(sub-block) + |x| (Q4_K, Q5_K)
+  mean_square_plus_square,  // mean(x^2 over the super-block) + x^2 (Q3_K, IQ types)
+};
+
+// Fills w[0..256) for one 256-element super-block. With an imatrix:
+// imatrix[i] * sqrt(sigma2 + x^2), sigma2 = mean square of the super-block;
+// without, the format's default (sub = its sub-block length, for rms_plus_abs).
+void super_block_weights(const float* x, const float* imatrix, DefaultWeights mode, int sub, float* w);
+
 // A 16-entry ascending codebook of integer levels (IQ4_NL's) with a lookup
 // table for the nearest entry: O(1) per element.
 class Codebook16 {

@@ -18,53 +18,6 @@
 namespace serval::ref::detail {
 namespace {
 
-// Element weights used when no imatrix is given, per format. Q2_K, Q4_K,
-// Q5_K and Q6_K use the weightings ggml's reference quantizers use (tuned on
-// real models for perplexity, not just RMSE); Q3_K blends ggml's x^2 with
-// unit weights, which on the mini model weights beats llama.cpp's Q3_K under
-// both plain and x^2-weighted error (ggml's x^2 alone loses on plain RMSE).
-enum class DefaultWeights {
-  square,                   // x^2: favours the large elements (Q6_K)
-  abs,                      // |x| (Q2_K)
-  rms_plus_abs,             // rms(sub-block) + |x| (Q4_K, Q5_K)
-  mean_square_plus_square,  // mean(x^2 over the super-block) + x^2 (Q3_K)
-};
-
-// Fills w[0..QK_K) for one super-block. With an imatrix: imatrix[i] *
-// sqrt(sigma2 + x^2), sigma2 = mean square of the super-block.
-void super_block_weights(const float* x, const float* imatrix, DefaultWeights mode, int sub, float* w) {
-  if (imatrix) {
-    double s2 = 0;
-    for (int i = 0; i < QK_K; ++i) s2 += (double)x[i] * x[i];
-    const float sigma2 = (float)(s2 / QK_K);
-    for (int i = 0; i < QK_K; ++i) w[i] = imatrix[i] * std::sqrt(sigma2 + x[i] * x[i]);
-    return;
-  }
-  switch (mode) {
-    case DefaultWeights::square:
-      for (int i = 0; i < QK_K; ++i) w[i] = x[i] * x[i];
-      break;
-    case DefaultWeights::abs:
-      for (int i = 0; i < QK_K; ++i) w[i] = std::fabs(x[i]);
-      break;
-    case DefaultWeights::mean_square_plus_square: {
-      double s2 = 0;
-      for (int i = 0; i < QK_K; ++i) s2 += (double)x[i] * x[i];
-      const float ms = (float)(s2 / QK_K);
-      for (int i = 0; i < QK_K; ++i) w[i] = ms + x[i] * x[i];
-      break;
-    }
-    case DefaultWeights::rms_plus_abs:
-      for (int j = 0; j < QK_K; j += sub) {
-        double s2 = 0;
-        for (int i = j; i < j + sub; ++i) s2 += (double)x[i] * x[i];
-        const float rms = (float)std::sqrt(s2 / sub);
-        for (int i = j; i < j + sub; ++i) w[i] = rms + std::fabs(x[i]);
-      }
-      break;
-  }
-}
-
 // sum w L^2 and sum w over one sub-block: the sensitivities of its squared
 // error to its scale and to its min.
 float scale_importance(const float* w, const uint8_t* L, int n) {

@@ -35,15 +35,7 @@ bool can_dequantize(DType t) {
   }
 }
 
-bool can_quantize(DType t) {
-  switch (t) {
-    case DType::iq2_xxs: case DType::iq2_xs: case DType::iq2_s: case DType::iq3_xxs: case DType::iq3_s:
-    case DType::iq1_s: case DType::iq1_m: case DType::tq1_0: case DType::tq2_0:
-      return false;  // dequantized (loaded and run), not written yet
-    default:
-      return can_dequantize(t);
-  }
-}
+bool can_quantize(DType t) { return can_dequantize(t); }
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   using namespace detail;
@@ -114,6 +106,15 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* 
     case DType::q5_k: quantize_q5_K(src, static_cast<block_q5_K*>(dst), nb, imatrix); return;
     case DType::q6_k: quantize_q6_K(src, static_cast<block_q6_K*>(dst), nb, imatrix); return;
     case DType::iq4_xs: quantize_iq4_xs(src, static_cast<block_iq4_xs*>(dst), nb, imatrix); return;
+    case DType::iq2_xxs: quantize_iq2_xxs(src, static_cast<block_iq2_xxs*>(dst), nb, imatrix); return;
+    case DType::iq2_xs: quantize_iq2_xs(src, static_cast<block_iq2_xs*>(dst), nb, imatrix); return;
+    case DType::iq2_s: quantize_iq2_s(src, static_cast<block_iq2_s*>(dst), nb, imatrix); return;
+    case DType::iq3_xxs: quantize_iq3_xxs(src, static_cast<block_iq3_xxs*>(dst), nb, imatrix); return;
+    case DType::iq3_s: quantize_iq3_s(src, static_cast<block_iq3_s*>(dst), nb, imatrix); return;
+    case DType::iq1_s: quantize_iq1_s(src, static_cast<block_iq1_s*>(dst), nb, imatrix); return;
+    case DType::iq1_m: quantize_iq1_m(src, static_cast<block_iq1_m*>(dst), nb, imatrix); return;
+    case DType::tq1_0: quantize_tq1_0(src, static_cast<block_tq1_0*>(dst), nb, imatrix); return;
+    case DType::tq2_0: quantize_tq2_0(src, static_cast<block_tq2_0*>(dst), nb, imatrix); return;
     default: SERVAL_ASSERT(!"quantize_row: unsupported type (check can_quantize)");
   }
 }

@@ -26,8 +26,7 @@ bool can_dequantize(DType t);
 // scale factor). Requires can_dequantize(t).
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
-// True for every type can_dequantize() accepts but the lattice (IQ1/IQ2/IQ3)
-// and ternary (TQ) types, which are read, not written.
+// Same set as can_dequantize(): every readable type is also written.
 bool can_quantize(DType t);
 
 // Writes row_size(t, n) bytes at dst. Requires can_quantize(t).
@@ -35,7 +34,10 @@ bool can_quantize(DType t);
 // squared error, then labelled against the scales exactly as stored; on the
 // mini model's weights the result is at least as close to the source as
 // llama.cpp's quantizer for every type those files contain (Q8_0, Q6_K, Q5_K,
-// Q4_K, Q4_0, IQ4_NL, Q3_K, Q2_K; tests/kernels/quant_gguf_test.cpp).
+// Q4_K, Q4_0, IQ4_NL, Q3_K, Q2_K, and with its imatrix the lattice types
+// IQ1_S .. IQ3_S; tests/kernels/quant_gguf_test.cpp). The lattice types
+// (kernels/ref/quantize_iq.cpp) search their codebooks: slow (tens of
+// microseconds per block) and, for IQ1/IQ2, meant to be used with an imatrix.
 // imatrix: optional per-column importance weights (length n, >= 0), e.g. the
 // mean squared activation of each input column; used by every type except
 // Q8_0, F16, BF16 and F32. nullptr = none.

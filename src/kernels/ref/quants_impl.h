@@ -59,4 +59,15 @@ void quantize_q5_K(const float* x, block_q5_K* y, int64_t nb, const float* imatr
 void quantize_q6_K(const float* x, block_q6_K* y, int64_t nb, const float* imatrix);
 void quantize_iq4_xs(const float* x, block_iq4_xs* y, int64_t nb, const float* imatrix);
 
+// quantize_iq.cpp
+void quantize_iq2_xxs(const float* x, block_iq2_xxs* y, int64_t nb, const float* imatrix);
+void quantize_iq2_xs(const float* x, block_iq2_xs* y, int64_t nb, const float* imatrix);
+void quantize_iq2_s(const float* x, block_iq2_s* y, int64_t nb, const float* imatrix);
+void quantize_iq3_xxs(const float* x, block_iq3_xxs* y, int64_t nb, const float* imatrix);
+void quantize_iq3_s(const float* x, block_iq3_s* y, int64_t nb, const float* imatrix);
+void quantize_iq1_s(const float* x, block_iq1_s* y, int64_t nb, const float* imatrix);
+void quantize_iq1_m(const float* x, block_iq1_m* y, int64_t nb, const float* imatrix);
+void quantize_tq1_0(const float* x, block_tq1_0* y, int64_t nb, const float* imatrix);
+void quantize_tq2_0(const float* x, block_tq2_0* y, int64_t nb, const float* imatrix);
+
 }  // namespace serval::ref::detail
