@@ -47,9 +47,6 @@ int cmd_quantize(int argc, char** argv) {
   if (auto rc = parse(app, argc, argv)) return *rc;
 
   auto ft = quant::find_file_type(type);
-  if (!ft && quant::is_read_only_file_type(type))
-    return fail(cmd, "type '" + type + "' is read and run by serval but not written by its quantizer yet "
-                     "(llama.cpp's llama-quantize writes it, with an importance matrix for the 1- and 2-bit types)");
   if (!ft) return fail(cmd, "unknown type '" + type + "' (valid: " + quant::file_type_names() + ")");
   std::error_code ec;
   if (std::filesystem::exists(out, ec) && std::filesystem::equivalent(in, out, ec))

@@ -51,6 +51,16 @@ Expected<QuantizeSummary> quantize_model(const std::string& in_path, const std::
                                 " values, the tensor's rows have " + std::to_string(t.dims[0]));
       sum.n_imatrix += !weights[i].empty();
     }
+    // As llama-quantize: the 1- and 2-bit lattice types without an importance
+    // matrix lose most of the model, so they are refused.
+    if (weights[i].empty() && needs_imatrix(opt.file_type, t.name, p.type)) {
+      const std::string type(dtype_name(p.type));
+      if (!im)
+        return invalid_argument(std::string(opt.file_type.name) + " needs an importance matrix (tensor '" + t.name +
+                                "' becomes " + type + "): make one with `serval imatrix` and pass --imatrix FILE");
+      return invalid_argument("the imatrix has no entry for tensor '" + t.name + "', which becomes " + type +
+                              " and needs one (an imatrix of another model?)");
+    }
   }
   if (im && sum.n_imatrix == 0)
     return invalid_argument("the imatrix has no entry for any tensor of this model (wrong model?)");

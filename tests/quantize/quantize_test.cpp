@@ -75,6 +75,15 @@ double bound(DType t) {
     case DType::iq4_xs: return 0.097 * 1.1;
     case DType::q3_k: return 0.186 * 1.1;
     case DType::q2_k: return 0.352 * 1.1;
+    // the lattice and ternary types: tests/kernels/quant_iq_test.cpp's Gaussian bounds
+    case DType::iq3_s: return 0.145 * 1.1;
+    case DType::iq3_xxs: return 0.195 * 1.1;
+    case DType::iq2_s: return 0.26 * 1.1;
+    case DType::iq2_xs: return 0.31 * 1.1;
+    case DType::iq2_xxs: return 0.365 * 1.1;
+    case DType::iq1_m: return 0.465 * 1.1;
+    case DType::iq1_s: return 0.515 * 1.1;
+    case DType::tq1_0: case DType::tq2_0: return 0.505 * 1.1;
     default: return 0.0;
   }
 }
@@ -102,12 +111,16 @@ TEST(QuantPolicy, FileTypeNames) {
 // the _M mixes, attn_v/attn_output/ffn_down in Q3_K for Q2_K, norms F32, ...).
 TEST(QuantPolicy, MatchesLlamaCppOnTheMiniModel) {
   const gguf::GgufFile src = open_or_die(kMini + "F16.gguf");
-  for (const char* name : {"Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_XS"}) {
+  // The lattice files were made with mini-llama-F16.imatrix (ik_llama.cpp's
+  // quantizer, llama.cpp's mixes); the others without one.
+  for (const char* name : {"Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_XS",
+                           "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0"}) {
     const gguf::GgufFile ref = open_or_die(kMini + name + ".gguf");
     const auto ft = find_file_type(name);
     ASSERT_TRUE(ft.has_value());
     EXPECT_EQ(ref.get_uint("general.file_type").value(), ft->ftype) << name;
-    const auto plans = plan_tensors(src, *ft, false);
+    const bool with_imatrix = name[0] == 'I' && std::string(name) != "IQ4_NL" && std::string(name) != "IQ4_XS";
+    const auto plans = plan_tensors(src, *ft, with_imatrix);
     ASSERT_EQ(plans.size(), src.tensors().size());
     for (size_t i = 0; i < plans.size(); ++i) {
       const auto& t = src.tensors()[i];
@@ -205,9 +218,17 @@ QuantizedFile quantize_to(const std::string& src, const std::string& ft, const I
 TEST(QuantizeModel, FilesRoundTripThroughTheReader) {
   const std::string src_path = tiny_model(DType::f16);
   const gguf::GgufFile src = open_or_die(src_path);
+  // The 1- and 2-bit mixes need an importance matrix: a flat one (every
+  // column 1) for every matrix.
+  Imatrix flat;
+  for (const auto& t : src.tensors())
+    if (t.dims.size() >= 2 && t.dims[1] > 1) flat.entries[t.name] = {1, std::vector<float>((size_t)t.dims[0], 1.0f)};
   for (const FileType& ft : file_types()) {
     SCOPED_TRACE(std::string(ft.name));
-    QuantizedFile q = quantize_to(src_path, std::string(ft.name));
+    bool needs = false;  // IQ1/IQ2 mixes, and IQ3_XXS (its attn_q/attn_k become IQ2_S)
+    const auto plain = plan_tensors(src, ft, false);
+    for (size_t i = 0; i < plain.size(); ++i) needs |= needs_imatrix(ft, src.tensors()[i].name, plain[i].type);
+    QuantizedFile q = quantize_to(src_path, std::string(ft.name), needs ? &flat : nullptr);
     const gguf::GgufFile out = open_or_die(q.path);
     EXPECT_EQ(out.alignment(), src.alignment());
     EXPECT_EQ(out.get_uint("general.file_type").value(), ft.ftype);
@@ -215,6 +236,10 @@ TEST(QuantizeModel, FilesRoundTripThroughTheReader) {
     for (const auto& kv : src.metadata()) keys_src.push_back(kv.key);
     for (const auto& kv : out.metadata()) keys_out.push_back(kv.key);
     if (!src.has("general.quantization_version")) keys_src.push_back("general.quantization_version");
+    if (needs)
+      for (const char* k : {"quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.imatrix.entries_count",
+                            "quantize.imatrix.chunks_count"})
+        keys_src.push_back(k);
     EXPECT_EQ(keys_out, keys_src);
     for (const auto& kv : src.metadata()) {
       if (kv.key == "general.file_type") continue;
@@ -222,7 +247,7 @@ TEST(QuantizeModel, FilesRoundTripThroughTheReader) {
                 gguf::value_to_string(kv.value, (size_t)-1))
           << kv.key;
     }
-    const auto plans = plan_tensors(src, ft, false);
+    const auto plans = plan_tensors(src, ft, needs);
     ASSERT_EQ(out.tensors().size(), src.tensors().size());
     for (size_t i = 0; i < plans.size(); ++i) {
       const auto& a = src.tensors()[i];

@@ -270,7 +270,15 @@ TEST(Cli, QuantizeImatrixPerplexity) {
 
   expect_usage_error("perplexity -m " + kStories + " -f " + text + " --kv-type q8_0", "multiple of 32");
   expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf Q9_9", "unknown type 'Q9_9' (valid: Q8_0");
-  expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf iq2_xs", "read and run by serval but not written");
+  const std::string mini = kShared + "/models/mini/mini-llama-F16.gguf";
+  expect_usage_error("quantize " + mini + " " + dir + "_x.gguf iq2_xs", "IQ2_XS needs an importance matrix");
+  // ... and with one, the 1-bit mix is written and runs.
+  const std::string iq1 = dir + "_iq1_m.gguf";
+  r = run("quantize " + mini + " " + iq1 + " IQ1_M -t 2 --imatrix " + kShared + "/models/mini/mini-llama-F16.imatrix");
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run("run -m " + iq1 + " -p Hello -n 4 --temp 0");
+  EXPECT_EQ(r.status, 0) << r.err;
+  std::remove(iq1.c_str());
   expect_usage_error("quantize " + q8 + " " + dir + "_x.gguf Q4_0", "already quantized");
   expect_usage_error("quantize /nonexistent.gguf " + dir + "_x.gguf Q4_0", "no such file");
   expect_usage_error("quantize " + kStories + " " + dir + "_x.gguf Q4_0 --imatrix /nonexistent.dat", "no such file");
