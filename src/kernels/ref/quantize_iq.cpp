@@ -11,8 +11,9 @@
 //  2. signs: for the 7-bit sign fields (IQ2_XXS, IQ2_XS, IQ3_XXS) a group with
 //     an odd number of negatives flips the sign of its least important
 //     element (smallest w x^2), whose target magnitude becomes -|x|;
-//  3. each sub-block searches its float scale: at each candidate scale every
-//     group takes the best entry (weighted error) among the kCand entries
+//  3. each sub-block searches its float scale: at each of 11 candidate scales
+//     (0.6-1.4 times the top level at the largest |x|) every group takes the
+//     best entry (weighted error) among the kCand entries
 //     nearest to its rounded point; the scale of the best labelling is then
 //     polished by least squares and relabelling;
 //  4. the sub-block scales are quantized to odd multiples of an F16
@@ -61,10 +62,12 @@ class Lattice {
     SERVAL_ASSERT(lev.size() >= 2 && lev.size() <= 8);
     nlev_ = (int)lev.size();
     std::copy(lev.begin(), lev.end(), lev_);
-    for (int i = 0; i + 1 < nlev_; ++i) mid_[i] = 0.5f * (lev_[i] + lev_[i + 1]);
+    for (int i = 0; i < 7; ++i)
+      mid_[i] = i + 1 < nlev_ ? 0.5f * (lev_[i] + lev_[i + 1]) : std::numeric_limits<float>::infinity();
     int cells = 1;
     for (int j = 0; j < dim; ++j) cells *= nlev_;
     cand_.resize((size_t)cells * kCand);
+    cval_.resize((size_t)cells * dim * kCand);
     std::vector<std::pair<float, uint16_t>> dist((size_t)n);
     for (int c = 0; c < cells; ++c) {
       float p[8];
@@ -75,7 +78,11 @@ class Lattice {
         dist[(size_t)e] = {d2, (uint16_t)e};
       }
       std::partial_sort(dist.begin(), dist.begin() + kCand, dist.end());
-      for (int k = 0; k < kCand; ++k) cand_[(size_t)c * kCand + k] = dist[(size_t)k].second;
+      for (int k = 0; k < kCand; ++k) {
+        const uint16_t e = dist[(size_t)k].second;
+        cand_[(size_t)c * kCand + k] = e;
+        for (int j = 0; j < dim; ++j) cval_[((size_t)c * dim + j) * kCand + k] = val_[(size_t)e * dim + j];
+      }
     }
   }
 
@@ -90,42 +97,47 @@ class Lattice {
     const float inv = 1.0f / s;
     int cell = 0;
     for (int j = dim_ - 1; j >= 0; --j) cell = cell * nlev_ + level_of(t[j] * inv - off);
-    const uint16_t* c = &cand_[(size_t)cell * kCand];
-    double best_cost = std::numeric_limits<double>::infinity(), ba = 0, bb = 0;
-    int be = c[0];
-    for (int k = 0; k < kCand; ++k) {
-      const float* g = &val_[(size_t)c[k] * dim_];
-      float a = 0, b = 0;
-      for (int j = 0; j < dim_; ++j) {
-        const float gj = g[j] + off;
-        a += w[j] * t[j] * gj;
-        b += w[j] * gj * gj;
-      }
-      const double cst = (double)s * s * b - 2.0 * s * a;
-      if (cst < best_cost) {
-        best_cost = cst;
-        be = c[k];
-        ba = a;
-        bb = b;
+    // The candidates' sums side by side (kCand lanes: the loops vectorize).
+    float a[kCand] = {}, b[kCand] = {};
+    const float* g = &cval_[(size_t)cell * dim_ * kCand];
+    for (int j = 0; j < dim_; ++j, g += kCand) {
+      const float wt = w[j] * t[j], ww = w[j];
+      for (int k = 0; k < kCand; ++k) {
+        const float gj = g[k] + off;
+        a[k] += wt * gj;
+        b[k] += ww * gj * gj;
       }
     }
-    *A += ba;
-    *B += bb;
+    const float s2 = s * s, s_2 = 2.0f * s;
+    int bk = 0;
+    float best_cost = s2 * b[0] - s_2 * a[0];
+    for (int k = 1; k < kCand; ++k) {
+      const float cst = s2 * b[k] - s_2 * a[k];
+      if (cst < best_cost) {
+        best_cost = cst;
+        bk = k;
+      }
+    }
+    *A += a[bk];
+    *B += b[bk];
     *cost = best_cost;
-    return be;
+    return cand_[(size_t)cell * kCand + bk];
   }
 
  private:
+  // The nearest level: how many midpoints lie below v (branch-free; the
+  // unused midpoints are +inf; NaN gives 0).
   int level_of(float v) const {
     int i = 0;
-    while (i + 1 < nlev_ && v > mid_[i]) ++i;
+    for (int k = 0; k < 7; ++k) i += v > mid_[k];
     return i;
   }
 
   int n_, dim_, nlev_ = 0;
   float lev_[8] = {}, mid_[8] = {};
-  std::vector<float> val_;
-  std::vector<uint16_t> cand_;
+  std::vector<float> val_;     // [entry][dim]
+  std::vector<uint16_t> cand_;  // [cell][kCand]: entries, nearest first
+  std::vector<float> cval_;     // [cell][dim][kCand]: their values, transposed
 };
 
 const Lattice& lattice_iq2xxs() { static const Lattice l(iq2xxs_grid(), 256, 8, false); return l; }
@@ -215,8 +227,8 @@ float search_sub(const Spec& sp, const float* t, const float* w, SubLabels* out)
     double mode_score = -1;
     float mode_s = 0;
     SubLabels mode_lab;
-    for (int k = -10; k <= 10; ++k) {
-      const float s = amax / (top * (1.0f + 0.04f * (float)k));
+    for (int k = -5; k <= 5; ++k) {
+      const float s = amax / (top * (1.0f + 0.08f * (float)k));
       SubLabels lab = label_sub(sp, t, w, s, mode);
       if (!(lab.A > 0 && lab.B > 0)) continue;
       const double score = lab.A * lab.A / lab.B;
