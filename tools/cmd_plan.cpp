@@ -487,7 +487,7 @@ int cmd_plan_predict(int argc, char** argv) {
                cmd);
   std::string profile_path, trace_path, kv_text, format = "text", url, api_key;
   double rate = 0, slo_ttft = 0, slo_itl = 0;
-  int prompt_len = 0, gen_len = 0, requests = 1000, max_seqs = 64, max_batch_tokens = 512, ctx = 0;
+  int prompt_len = 0, gen_len = 0, requests = 1000, max_seqs = 64, max_batch_tokens = 256, ctx = 0;
   int max_replicas = 64;
   uint64_t seed = 1;
   bool validate = false;

@@ -55,7 +55,7 @@ int cmd_serve(int argc, char** argv) {
   std::string model_path, host = "127.0.0.1", api_key_file, chat_template_file, served_name, kv_memory = "1G",
               swap_memory = "0";
   std::vector<std::string> api_keys;
-  int port = 8080, threads = 0, http_threads = 2, max_batch_tokens = 512, max_seqs = 64, block_size = 16;
+  int port = 8080, threads = 0, http_threads = 2, max_batch_tokens = 256, max_seqs = 64, block_size = 16;
   int64_t ctx = 0;
   size_t max_body = 8u << 20, max_header = 16u << 10, max_queue_requests = 256;
   int64_t max_queue_tokens = 1 << 20;
@@ -139,7 +139,12 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range((size_t)1, (size_t)1 << 20));
   app.add_option("-c,--ctx-size,--max-model-len", ctx, "context per sequence (0: the model's, at most 4096)")
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
-  app.add_option("--max-batch-tokens", max_batch_tokens, "token budget of one engine step")->check(CLI::Range(1, 1 << 20));
+  // 256: on a CPU a step of 512+ prompt tokens takes seconds, and a burst of
+  // prompts then waits for the whole step; at 256 the first tokens come out
+  // in turn at no cost in throughput (docs/PERFORMANCE.md, "Serving side by side").
+  app.add_option("--max-batch-tokens", max_batch_tokens, "token budget of one engine step")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--max-seqs", max_seqs, "sequences per engine step")->check(CLI::Range(1, 1 << 16));
   app.add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   app.add_flag("--no-prefix-caching", no_prefix_cache, "disable prefix caching");
