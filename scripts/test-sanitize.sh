@@ -30,8 +30,11 @@ export SERVAL_SOAK_SECONDS="${SERVAL_SOAK_SECONDS:-15}"
 # the stories260K golden, batch-forward and kernel tests) and the chi-square
 # test of speculative sampling (4000 requests: 78 s under ASan; a statistical
 # check, while the same accept/reject code runs here in the other SpecEngine
-# and speculative sampler tests).
+# and speculative sampler tests), and the mini IQ/TQ quantizer comparison
+# against ik_llama.cpp's files (20 s per type under ASan: a quality check; the
+# same quantizer code runs here through tests/kernels/quant_iq_test.cpp's
+# round-trip and hostile-row tests).
 ctest --preset fuzz -j"$(nproc)" -LE 'network|mpi' \
-  -E 'MiniFormatsTeacherForcedMatchLlamaCpp|MiniIqFormatsTeacherForcedMatchLlamaCpp|IqFormatsTeacherForcedMatchLlamaCppAtEveryLevel|SpecEngine.SampledDistributionMatchesTarget' "$@" |
+  -E 'MiniFormatsTeacherForcedMatchLlamaCpp|MiniIqFormatsTeacherForcedMatchLlamaCpp|IqFormatsTeacherForcedMatchLlamaCppAtEveryLevel|SpecEngine.SampledDistributionMatchesTarget|IqQuantize.ServalIsAtLeastAsCloseAsTheReferenceQuantizer' "$@" |
   tee build-fuzz/ctest-sanitize.log
 ./scripts/slowest-tests.sh build-fuzz/ctest-sanitize.log

@@ -48,7 +48,7 @@ constexpr int kCand = 16;  // entries tried per group: the nearest to its rounde
 class Lattice {
  public:
   template <typename Word>
-  Lattice(const Word* grid, int n, int dim, bool is_signed) : n_(n), dim_(dim) {
+  Lattice(const Word* grid, int n, int dim, bool is_signed) : dim_(dim) {
     std::vector<float> lev;
     val_.resize((size_t)n * dim);
     for (int e = 0; e < n; ++e)
@@ -133,7 +133,7 @@ class Lattice {
     return i;
   }
 
-  int n_, dim_, nlev_ = 0;
+  int dim_, nlev_ = 0;
   float lev_[8] = {}, mid_[8] = {};
   std::vector<float> val_;     // [entry][dim]
   std::vector<uint16_t> cand_;  // [cell][kCand]: entries, nearest first
