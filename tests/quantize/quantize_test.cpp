@@ -184,8 +184,17 @@ TEST(QuantPolicy, RowLengthFallback) {
 
 // A synthetic model at the "tiny" shape (dim 256, 2 layers, ffn 512, the
 // stories260K vocab): small enough to quantize to every type in a few seconds.
+// The files live as long as the test program and are removed at its exit.
+struct TinyModels {
+  std::map<DType, std::string> paths;
+  ~TinyModels() {
+    for (const auto& [type, path] : paths) std::remove(path.c_str());
+  }
+};
+
 const std::string& tiny_model(DType type) {
-  static std::map<DType, std::string> paths;
+  static TinyModels models;
+  auto& paths = models.paths;
   auto it = paths.find(type);
   if (it != paths.end()) return it->second;
   const std::string path = temp_path("tiny_" + std::string(dtype_name(type)) + ".gguf");

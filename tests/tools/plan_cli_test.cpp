@@ -13,17 +13,23 @@ using namespace serval_cli_test;
 
 namespace {
 
+// A file removed when the test program exits.
+struct TempFile {
+  std::string path;
+  ~TempFile() { std::remove(path.c_str()); }
+};
+
 // One small profile for the whole suite (a second or two on stories260K).
 const std::string& profile_path() {
-  static const std::string path = [] {
+  static const TempFile file{[] {
     const std::string p = ::testing::TempDir() + "/serval_plan_profile_" + std::to_string(getpid()) + ".json";
     Result r = run("plan profile -m " + kStories +
                    " -t 1 --max-batch 8 --max-chunk 64 --max-depth 256 -r 2 --no-roofline -o " + p);
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.err.find("decode"), std::string::npos) << r.err;
     return p;
-  }();
-  return path;
+  }()};
+  return file.path;
 }
 
 void write(const std::string& path, const std::string& text) {
