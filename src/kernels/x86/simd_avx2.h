@@ -293,6 +293,21 @@ struct Avx2 {
   static SERVAL_SIMD_INLINE I imul_lanes(I a, I b) {
     return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)};
   }
+  // 16-bit lanes shifted right by a run-time count.
+  static SERVAL_SIMD_INLINE I srl16(I v, int n) {
+    const __m128i k = _mm_cvtsi32_si128(n);
+    return {_mm256_srl_epi16(v.lo, k), _mm256_srl_epi16(v.hi, k)};
+  }
+  // i32 lanes of two i16 halves: lo (bits 0..15) and hi (16..31); both in [0, 2^15).
+  static SERVAL_SIMD_INLINE I pair_i16(I lo, I hi) {
+    return {_mm256_or_si256(lo.lo, _mm256_slli_epi32(hi.lo, 16)), _mm256_or_si256(lo.hi, _mm256_slli_epi32(hi.hi, 16))};
+  }
+  // acc + a.lo16 * b.lo16 + a.hi16 * b.hi16 per i32 lane (signed i16, exact).
+  static SERVAL_SIMD_INLINE I dot_i16(I acc, I a, I b) {
+    if constexpr (kVnni)
+      return {_mm256_dpwssd_avx_epi32(acc.lo, a.lo, b.lo), _mm256_dpwssd_avx_epi32(acc.hi, a.hi, b.hi)};
+    return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(a.lo, b.lo)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(a.hi, b.hi))};
+  }
   static SERVAL_SIMD_INLINE I iset1(int32_t v) { return {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; }
   static SERVAL_SIMD_INLINE I u8x16_i32(const uint8_t* p) {
     return {_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)),

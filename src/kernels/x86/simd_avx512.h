@@ -309,6 +309,15 @@ struct Avx512 {
 
   // ---- packed K-quant (X16) pieces: one i32 lane per weight row ---------------
   static SERVAL_SIMD_INLINE I imul_lanes(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  // 16-bit lanes shifted right by a run-time count.
+  static SERVAL_SIMD_INLINE I srl16(I v, int n) { return _mm512_srl_epi16(v, _mm_cvtsi32_si128(n)); }
+  // i32 lanes of two i16 halves: lo (bits 0..15) and hi (16..31); both in [0, 2^15).
+  static SERVAL_SIMD_INLINE I pair_i16(I lo, I hi) { return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)); }
+  // acc + a.lo16 * b.lo16 + a.hi16 * b.hi16 per i32 lane (signed i16, exact).
+  static SERVAL_SIMD_INLINE I dot_i16(I acc, I a, I b) {
+    if constexpr (kVnni) return _mm512_dpwssd_epi32(acc, a, b);
+    else return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+  }
   static SERVAL_SIMD_INLINE I iset1(int32_t v) { return _mm512_set1_epi32(v); }
   // 16 bytes -> 16 i32 lanes.
   static SERVAL_SIMD_INLINE I u8x16_i32(const uint8_t* p) {
