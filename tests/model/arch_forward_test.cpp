@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <numeric>
@@ -50,7 +51,26 @@ void expect_close(const Score& r, const std::string& what) {
   EXPECT_LE(r.mean, 0.005) << what;
   EXPECT_LE(r.max, 0.03) << what;
   EXPECT_EQ(r.gap_agree, r.gap_steps) << what;
-  EXPECT_GT(r.gap_steps, 60) << what;  // most of the 120 steps are decided
+  EXPECT_GT(r.gap_steps, r.total / 2) << what;  // most of the steps (120: three cases of 40) are decided
+}
+
+// Under the sanitizers (scripts/test-sanitize.sh sets SERVAL_SANITIZED) the
+// memory-safety check needs each code path once, not every golden case at
+// every level: the batched forward runs the best level only (every level's
+// kernels run under ASan in tests/kernels; the scalar level alone took two
+// minutes here), and the scalar reference forward (12x slower under ASan)
+// scores the first golden case. The release stage runs everything.
+bool sanitized() { return std::getenv("SERVAL_SANITIZED") != nullptr; }
+
+std::vector<Isa> levels_to_run() {
+  std::vector<Isa> levels = test::available_isa_levels();
+  if (sanitized() && levels.size() > 1) levels = {levels.back()};
+  return levels;
+}
+
+nlohmann::json cases_to_run(const nlohmann::json& cases) {
+  if (!sanitized() || cases.size() <= 1) return cases;
+  return nlohmann::json::array({cases[0]});
 }
 
 }  // namespace
@@ -58,7 +78,7 @@ void expect_close(const Score& r, const std::string& what) {
 TEST(ArchForward, BatchedForwardMatchesLlamaCppAtEveryLevel) {
   const auto g = golden();
   test::IsaGuard guard;
-  for (Isa isa : test::available_isa_levels()) {
+  for (Isa isa : levels_to_run()) {
     ASSERT_EQ(kernels::set_isa(isa), isa);
     for (const char* file : kFiles) {
       auto model = Model::load(kShared + "/models/arch/" + file);
@@ -85,7 +105,7 @@ TEST(ArchForward, ReferenceForwardMatchesLlamaCpp) {
     ASSERT_TRUE(model.ok()) << file << ": " << model.status().message();
     const Model& m = **model;
     const int64_t nv = m.config().n_vocab;
-    const Score r = score(g[file], nv, [&](const std::vector<TokenId>& t) {
+    const Score r = score(cases_to_run(g[file]), nv, [&](const std::vector<TokenId>& t) {
       ReferenceForward fwd(m, (int64_t)t.size());
       std::vector<float> all(t.size() * (size_t)nv);
       for (size_t i = 0; i < t.size(); ++i)
