@@ -41,4 +41,17 @@ void gelu(float* x, int64_t n) {
   }
 }
 
+void silu_mul(float* out, const float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i], u = up[i];
+    // Selects, as in gelu: a NaN gate gives a NaN t, which the clamps turn
+    // into a number for the conversion in exp_reduced; g carries the NaN.
+    float t = -g;
+    t = t < 87.0f ? t : 87.0f;
+    t = t > -87.0f ? t : -87.0f;
+    const float s = g / (1.0f + exp_reduced(t));
+    out[i] = (g < -87.0f ? -0.0f : s) * u;
+  }
+}
+
 }  // namespace serval::kernels

@@ -103,7 +103,7 @@ void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm) {
           gate_[(size_t)(j * ff + f)] += l.exp_gate_b[(size_t)(e * ff + f)];
           up_[(size_t)(j * ff + f)] += l.exp_up_b[(size_t)(e * ff + f)];
         }
-    blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), m * ff);
+    blocks::gated_act_fast(c.block.act, hidden_.data(), gate_.data(), up_.data(), m * ff);
     float* de = moe_in_.data() + m * dim;  // after the gathered rows
     mm(l.exp_down[(size_t)e], hidden_.data(), m, de);
     for (int64_t j = 0; j < m; ++j) {
@@ -457,7 +457,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     } else {
       mm(l.w_gate, xn_.data(), n, gate_.data(), tok_loras);
       mm(l.w_up, xn_.data(), n, up_.data(), tok_loras);
-      blocks::gated_act(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
+      blocks::gated_act_fast(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
       if (tp) {
         SERVAL_RETURN_IF_ERROR(tp_gather(hidden_.data(), n, c.ffn_dim, tp_full_));
         mm(l.w_down, tp_full_.data(), n, tp_part_.data());

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/activation.h"
 #include "kernels/ref/ops.h"
 #include "model/model_config.h"
 #include "model/weights.h"
@@ -31,6 +32,14 @@ inline void gated_act(FfnActivation act, float* out, const float* gate, const fl
       return;
     case FfnActivation::silu: ref::swiglu(out, gate, up, n); return;
   }
+}
+
+// gated_act with SwiGLU's exp in the vectorized form (kernels::silu_mul,
+// within about 4e-7 of |gate * up| of the reference): the batched forward's;
+// the reference forward keeps gated_act's std::exp.
+inline void gated_act_fast(FfnActivation act, float* out, const float* gate, const float* up, int64_t n) {
+  if (act == FfnActivation::silu) return kernels::silu_mul(out, gate, up, n);
+  gated_act(act, out, gate, up, n);
 }
 
 // The experts a token routes to and their weights, from the router's logits

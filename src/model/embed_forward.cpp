@@ -227,7 +227,7 @@ Status EmbedForward::encode(std::span<const std::vector<TokenId>> inputs, std::v
       float* ui = up_.data() + i * ffn;
       if (!l.b_up.empty())
         for (int64_t f = 0; f < ffn; ++f) ui[f] += l.b_up[(size_t)f];
-      if (c.enc.gated) ref::swiglu(ui, gate_.data() + i * ffn, ui, ffn);
+      if (c.enc.gated) kernels::silu_mul(ui, gate_.data() + i * ffn, ui, ffn);
       else kernels::gelu(ui, ffn);
     });
     mm(l.w_down, up_.data(), proj_.data());

@@ -43,5 +43,45 @@ TEST(Activation, GeluMatchesReference) {
   EXPECT_NEAR(nan[1], 0.841192f, 1e-5f);
 }
 
+// SwiGLU's gate: kernels::silu_mul against ref::swiglu (std::exp), relative
+// to |gate * up|; the far ends exactly; NaN kept; out aliasing up.
+TEST(Activation, SiluMulMatchesReference) {
+  std::vector<float> g, u;
+  for (float v = -95.0f; v <= 95.0f; v += 0.00731f) {
+    g.push_back(v);
+    u.push_back(0.75f - 0.001f * v);
+  }
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-3f, -1e-3f}) {
+    g.push_back(v);
+    u.push_back(-3.0f);
+  }
+  std::vector<float> fast(g.size()), ref(g.size());
+  kernels::silu_mul(fast.data(), g.data(), u.data(), (int64_t)g.size());
+  ref::swiglu(ref.data(), g.data(), u.data(), (int64_t)g.size());
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double scale = std::fabs((double)g[i] * u[i]) + 1e-35;
+    const double err = std::fabs((double)fast[i] - ref[i]);
+    worst = std::max(worst, err / scale);
+    EXPECT_LE(err, 4e-7 * scale) << "gate = " << g[i] << ": " << fast[i] << " vs " << ref[i];
+  }
+  std::printf("worst relative error (to |gate * up|): %.3g\n", worst);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> fg = {100.0f, 1e6f, 3e38f, -100.0f, -1e6f, -3e38f, -inf, std::numeric_limits<float>::quiet_NaN()};
+  std::vector<float> fu = {2.0f, 0.5f, 1.0f, 2.0f, 2.0f, 1.0f, 1.0f, 1.0f};
+  std::vector<float> out(fg.size());
+  kernels::silu_mul(out.data(), fg.data(), fu.data(), (int64_t)fg.size());
+  EXPECT_EQ(out[0], 200.0f);
+  EXPECT_EQ(out[1], 5e5f);
+  EXPECT_EQ(out[2], 3e38f);
+  for (int i = 3; i < 7; ++i) EXPECT_EQ(out[(size_t)i], 0.0f) << i;  // -0 * up
+  EXPECT_TRUE(std::isnan(out[7]));
+  // In place over up, as the forward passes call it.
+  std::vector<float> gate = {1.0f, -2.0f, 0.5f}, up = {3.0f, 1.0f, -4.0f}, want(3);
+  ref::swiglu(want.data(), gate.data(), up.data(), 3);
+  kernels::silu_mul(up.data(), gate.data(), up.data(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(up[(size_t)i], want[(size_t)i], 4e-7f * std::fabs(want[(size_t)i]) + 1e-30f);
+}
+
 }  // namespace
 }  // namespace serval
