@@ -325,7 +325,7 @@ int cmd_plan_profile(int argc, char** argv) {
     prog.step("roofline: memory bandwidth and peak throughput");
     if (auto bw = measure_read_bandwidth(nt, 512, 3); bw.ok()) p.mem_read_gb_s = bw->median;
     for (const RooflinePeak& pk : measure_peaks(nt, 3, 0.25)) {
-      if (!pk.available) continue;
+      if (!pk.available || pk.bf16) continue;  // the kernels' peaks only: fp32 FMA and int8
       double& dst = pk.fp32 ? p.fp32_gflops : p.int8_gops;
       dst = std::max(dst, pk.figure.median);
     }

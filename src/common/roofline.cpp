@@ -113,6 +113,17 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_zmm(int64_t ite
 #undef SERVAL_STEP
 }
 
+// vdpbf16ps: per lane two BF16 products added to an F32 accumulator (64
+// FLOP per zmm instruction). Measured for the F16/BF16 kernels' choice
+// (docs/PERFORMANCE.md): they use F32 FMA, which is faster where this is at
+// half rate (Sapphire/Emerald Rapids: 0.5 instructions per cycle).
+__attribute__((target("avx512f,avx512bf16"))) void bf16_zmm(int64_t iters) {
+  const __m512bh u = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), s = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+#define SERVAL_STEP(v) _mm512_dpbf16_ps(v, u, s)
+  SERVAL_PEAK_BODY(__m512, _mm512_set1_ps, SERVAL_STEP, _mm512_reduce_add_ps, (void)0)
+#undef SERVAL_STEP
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -165,6 +176,7 @@ std::vector<RooflinePeak> measure_peaks(int threads, int reps, double scale) {
     void (*fn)(int64_t);
     double ops_per_step;  // per thread per loop iteration
     bool fp32;
+    bool bf16 = false;
   };
   const Def defs[] = {
       {"fp32 FMA zmm (vfmadd231ps)", f.avx512f, fma_zmm, kAcc * 16 * 2.0, true},
@@ -172,11 +184,12 @@ std::vector<RooflinePeak> measure_peaks(int threads, int reps, double scale) {
       {"int8 vpdpbusd zmm (AVX-512)", f.avx512vnni, vnni_zmm, kAcc * 64 * 2.0, false},
       {"int8 vpdpbusd ymm (AVX-VNNI)", f.avxvnni, vnni_ymm, kAcc * 32 * 2.0, false},
       {"int8 maddubs+madd ymm (AVX2)", f.avx2, maddubs_ymm, kAcc * 32 * 2.0, false},
+      {"bf16 vdpbf16ps zmm (AVX512-BF16)", f.avx512bf16, bf16_zmm, kAcc * 16 * 4.0, false, true},
   };
   const int64_t iters = std::max<int64_t>(1000, (int64_t)((double)(kIters / 4) * std::clamp(scale, 1e-3, 1.0)));
   std::vector<RooflinePeak> out;
   for (const Def& d : defs) {
-    RooflinePeak p{d.name, d.fp32 ? "GFLOP/s" : "GOP/s", d.fp32, d.ok, {}};
+    RooflinePeak p{d.name, d.fp32 || d.bf16 ? "GFLOP/s" : "GOP/s", d.fp32, d.bf16, d.ok, {}};
     if (d.ok) {
       std::vector<double> r;
       for (int i = 0; i < std::max(1, reps); ++i) {

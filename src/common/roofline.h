@@ -32,13 +32,14 @@ Expected<RooflineFigure> measure_read_bandwidth(int threads, size_t mib, int rep
 struct RooflinePeak {
   std::string name;  // e.g. "int8 vpdpbusd zmm (AVX-512)"
   std::string unit;  // "GFLOP/s" or "GOP/s"
-  bool fp32 = false;  // fp32 FMA (else int8 dot products)
+  bool fp32 = false;  // fp32 FMA (else int8 dot products, or bf16 below)
+  bool bf16 = false;  // BF16 pair dot products into F32 (no kernel uses them)
   bool available = false;
   RooflineFigure figure;
 };
 
 // Every peak the file knows, in a fixed order (fp32 zmm, fp32 ymm, int8 zmm
-// VNNI, int8 ymm VNNI, int8 ymm AVX2); unavailable ones are listed with
+// VNNI, int8 ymm VNNI, int8 ymm AVX2, bf16 zmm); unavailable ones are listed with
 // available = false. `scale` (0, 1] shortens each loop (1 = the full 5 M steps).
 std::vector<RooflinePeak> measure_peaks(int threads, int reps, double scale = 1.0);
 
