@@ -97,7 +97,10 @@ struct HttpServer::Impl {
   Handler handler;
   ErrorBody error_body;
   net::io_context ioc;
-  tcp::acceptor acceptor{ioc};
+  // On a strand of its own: the accept handler (which starts the next
+  // accept) and stop()'s close run on different I/O threads otherwise, and an
+  // acceptor is not safe to use from two threads at once.
+  tcp::acceptor acceptor{net::make_strand(ioc)};
   std::atomic<size_t> n_conns{0};
   std::atomic<bool> accepting{true};
   std::vector<std::thread> threads;
@@ -438,7 +441,7 @@ void HttpServer::run() {
 void HttpServer::stop_accepting() { impl_->accepting = false; }
 
 void HttpServer::stop() {
-  net::post(impl_->ioc, [this] {
+  net::post(impl_->acceptor.get_executor(), [this] {
     beast::error_code ec;
     impl_->acceptor.close(ec);
   });
