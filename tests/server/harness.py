@@ -621,12 +621,20 @@ class Server:
         return self.start()
 
     def __exit__(self, *exc):
-        self.stop()
+        rc = self.stop()
         log = self.log()
         self.cleanup_log()
         report = sanitizer_report(log)
         if report and exc[0] is None:
             raise AssertionError(f"server '{self.name}': sanitizer report in its log:\n{report}")
+        # A server that crashed on its way out (SIGTERM drain, shutdown) fails the test that ran it;
+        # SIGKILL is the harness's own last resort (or the test's) and says nothing about the server.
+        if rc is not None and rc < 0 and rc != -signal.SIGKILL and exc[0] is None:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            raise AssertionError(f"server '{self.name}' died of {name} (exit {rc}); log tail:\n{log[-2000:]}")
         return False
 
 
