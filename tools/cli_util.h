@@ -6,11 +6,14 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <cstdlib>
 #include <thread>
 #include <fstream>
 #include <sstream>
@@ -73,30 +76,75 @@ struct DrainHooks {
   std::function<void()> stop;         // stop the HTTP server: its run() returns
 };
 
+// What drain_on_signal() leaves running. finish() (or the destructor) waits
+// for the drain to end, then disarms the hooks: a second signal that arrives
+// while the server's objects are being destroyed must not call into them (it
+// would, before: the harness's second SIGTERM after 3 s of a slow shutdown
+// reached HttpServer::stop() on a freed server). After finish(), a second
+// signal exits the process at once (status 1) without touching anything.
+class SignalDrain {
+ public:
+  struct State {
+    DrainHooks hooks;
+    std::mutex mu;
+    bool armed = true;
+    std::atomic<bool> now{false};  // a second signal: stop waiting for the drain
+  };
+  SignalDrain(std::thread t, std::shared_ptr<State> s) : t_(std::move(t)), s_(std::move(s)) {}
+  SignalDrain(SignalDrain&&) = default;
+  SignalDrain& operator=(SignalDrain&&) = delete;
+  ~SignalDrain() { finish(); }
+  void finish() {
+    if (t_.joinable()) t_.join();
+    if (s_) {
+      std::lock_guard<std::mutex> lk(s_->mu);
+      s_->armed = false;
+    }
+  }
+
+ private:
+  std::thread t_;
+  std::shared_ptr<State> s_;
+};
+
 // A thread that waits for the first stop signal in `sigs`, then begins the
 // drain and lets the requests in flight finish for up to timeout_s before
 // cancelling what is left and stopping. A second signal stops at once.
-inline std::thread drain_on_signal(sigset_t sigs, std::string cmd, double timeout_s, DrainHooks hooks) {
-  auto h = std::make_shared<DrainHooks>(std::move(hooks));
-  return std::thread([sigs, cmd = std::move(cmd), timeout_s, h] {
+inline SignalDrain drain_on_signal(sigset_t sigs, std::string cmd, double timeout_s, DrainHooks hooks) {
+  auto st = std::make_shared<SignalDrain::State>();
+  st->hooks = std::move(hooks);
+  std::thread t([sigs, cmd = std::move(cmd), timeout_s, st] {
+    DrainHooks* h = &st->hooks;
     int sig = 0;
     sigwait(&sigs, &sig);
     std::fprintf(stderr, "%s: signal %d: draining (%zu requests in flight, up to %.0f s)\n", cmd.c_str(), sig, h->in_flight(),
                  timeout_s);
     h->begin();
-    std::thread([sigs, h] {
+    std::thread([sigs, st, cmd] {
       int s2 = 0;
       sigwait(&sigs, &s2);
-      if (h->cancel) h->cancel();
-      h->stop();
+      std::lock_guard<std::mutex> lk(st->mu);
+      if (!st->armed) {
+        std::fprintf(stderr, "%s: signal %d during shutdown: exiting at once\n", cmd.c_str(), s2);
+        std::_Exit(1);
+      }
+      st->now = true;
+      if (st->hooks.cancel) st->hooks.cancel();
+      st->hooks.stop();
     }).detach();
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds((int64_t)(timeout_s * 1000));
-    while (h->in_flight() > 0 && std::chrono::steady_clock::now() < until)
+    while (h->in_flight() > 0 && !st->now && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (h->cancel) h->cancel();
+    if (st->now) return;  // the second signal's thread cancelled and stopped
+    {
+      std::lock_guard<std::mutex> lk(st->mu);
+      if (h->cancel) h->cancel();
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the last responses flush
+    std::lock_guard<std::mutex> lk(st->mu);
     h->stop();
   });
+  return SignalDrain(std::move(t), std::move(st));
 }
 
 // A server's last line and exit status: 0 when nothing was left unfinished.

@@ -182,7 +182,7 @@ int cmd_gateway(int argc, char** argv) {
   http::HttpServer* hs = server->get();
   g->start();
 
-  std::thread signal_thread = drain_on_signal(
+  SignalDrain signal_drain = drain_on_signal(
       sigs, cmd, drain_timeout,
       {[g] { return g->in_flight(); }, [g, hs] { g->begin_drain(), hs->stop_accepting(); }, [g] { g->cancel_all(); },
        [hs] { hs->stop(); }});
@@ -194,7 +194,7 @@ int cmd_gateway(int argc, char** argv) {
   std::fflush(stderr);
   hs->run();
   const size_t left = g->in_flight();
-  signal_thread.join();
+  signal_drain.finish();
   g->stop();
   server->reset();
   gw->reset();

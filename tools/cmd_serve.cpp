@@ -462,7 +462,7 @@ int cmd_serve(int argc, char** argv) {
 
   // Batch lines in flight are cancelled, not waited for: uncommitted, they run again after a restart.
   server::BatchRunner* const batches = batch_runner.get();
-  std::thread signal_thread = drain_on_signal(
+  SignalDrain signal_drain = drain_on_signal(
       sigs, cmd, drain_timeout,
       {[api_raw] { return api_raw->in_flight(); },
        [api_raw, batches] {
@@ -489,7 +489,7 @@ int cmd_serve(int argc, char** argv) {
   // Batch lines still running are cancelled, not committed: they run again on restart.
   if (batch_runner) batch_runner->stop();
   const size_t left = api_raw->in_flight();
-  signal_thread.join();
+  signal_drain.finish();
   http_server->reset();
   api->reset();
   engine->reset();

@@ -134,9 +134,9 @@ int serve_router(const std::string& cmd, RouterServeArgs a) {
       &server::http_layer_error_body);
   if (!http_server.ok()) return fail(cmd, http_server.status().message(), 1);
   http::HttpServer* hs = http_server->get();
-  std::thread signal_thread = drain_on_signal(sigs, cmd, a.drain_timeout_s,
-                                              {[r] { return r->in_flight(); }, [r] { r->begin_drain(); }, {},
-                                               [hs] { hs->stop(); }});
+  SignalDrain signal_drain = drain_on_signal(sigs, cmd, a.drain_timeout_s,
+                                             {[r] { return r->in_flight(); }, [r] { r->begin_drain(); }, {},
+                                              [hs] { hs->stop(); }});
   std::string names;
   for (const auto& st : r->status()) names += (names.empty() ? "" : ", ") + st.name + " (" + server::ModelRouter::state_name(st.state) + ")";
   std::fprintf(stderr, "serval serve: router mode: %zu models: %s\n", n_models, names.c_str());
@@ -149,7 +149,7 @@ int serve_router(const std::string& cmd, RouterServeArgs a) {
   std::fflush(stderr);
   hs->run();
   const size_t left = r->in_flight();
-  signal_thread.join();
+  signal_drain.finish();
   http_server->reset();
   router->reset();
   return stopped_status(cmd, left);

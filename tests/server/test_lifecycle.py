@@ -17,7 +17,7 @@ import time
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from harness import (  # noqa: E402
     Config, Response, Server, Suite, abort, check, check_error_body, eq, get, metric, metrics, post, run_threads, short,
-    stream, wait_until)
+    stream, wait_in_engine, wait_until)
 
 suite = Suite("server_lifecycle")
 FREE_WITHIN_S = 1.5 * Config.time_scale  # KV blocks must be back this soon after a client goes away
@@ -307,6 +307,38 @@ def sigterm_idle_exits_zero(_):
             raise AssertionError("the port still accepts connections after exit")
         except ConnectionRefusedError:
             pass
+
+
+@suite.test
+def second_sigterm_stops_at_once(_):
+    """A request that cannot finish (the engine is held paused) keeps the drain
+    waiting; a second SIGTERM stops at once: exit status 1 naming the unfinished
+    request, no crash, the client's connection closed."""
+    srv = Server("--engine-control", "--drain-timeout", "60", name="sigterm-twice")
+    with srv:
+        eq(post(srv.port, "/v1/engine/pause", {}).status, 200, "pause")
+        out = []
+
+        def client():
+            try:
+                out.append(post(srv.port, "/v1/completions", LONG, timeout=60).status)
+            except OSError as e:  # the server went away mid-request: what a client sees
+                out.append(type(e).__name__)
+        t = threading.Thread(target=client)
+        t.start()
+        check(wait_in_engine(srv.port, 1), "the request is in the engine")
+        srv.signal(signal.SIGTERM)
+        time.sleep(0.5)
+        check(srv.alive(), "the first SIGTERM drains: the server waits for the paused request")
+        t_second = time.monotonic()
+        srv.signal(signal.SIGTERM)
+        code = srv.wait(timeout=20)
+        took = time.monotonic() - t_second
+        eq(code, 1, f"exit status after the second SIGTERM (log: {short(srv.log()[-500:])})")
+        check("stopped with 1 requests unfinished" in srv.log(), f"the last line names the unfinished request: {short(srv.log()[-300:])}")
+        check(took < 5 * Config.time_scale, f"the second SIGTERM took {took:.1f} s to stop the server")
+        t.join(30)
+        check(not t.is_alive() and out and out[0] != 200, f"the client's request ended without a 200: {out}")
 
 
 if __name__ == "__main__":
