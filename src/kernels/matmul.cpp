@@ -308,7 +308,10 @@ size_t PackedMatrix::group_bytes() const {
   return (size_t)((cols_ / 32 + 1) / 2) * x16_pair_bytes(x16_fields(type_));
 }
 
-void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
+void PackedMatrix::Free::operator()(uint8_t* p) const {
+  if (mapped) munmap(p, mapped);
+  else std::free(p);
+}
 
 bool PackedMatrix::packable(DType t) {
   return x16_layout(t) || is_float16(t) || detail::kx16_sb_bytes(t) != 0;
@@ -345,19 +348,39 @@ PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t co
   const int64_t nb = cols / bs;
   const size_t gb = p.group_bytes(), blk_bytes = row_size(t, bs);
   p.bytes_ = (size_t)groups * gb;
-  // Large matrices go on transparent huge pages where the kernel offers them
-  // (THP "madvise" mode): 512x fewer page faults while packing (a model
-  // switch's cost in router mode) and fewer TLB misses while streaming.
-  constexpr size_t kHuge = size_t(2) << 20;
+  // Matrices of 256 KiB and more get an anonymous mapping of their own, so
+  // that unloading a model gives their memory back to the system at once.
+  // From the heap, that depended on the allocator: once glibc has freed a
+  // large mmapped block it raises its mmap threshold (up to 32 MiB), the next
+  // model's matrices then come from arenas, and unloading that one returned
+  // its memory only as far as malloc_trim could (router mode's eviction left
+  // 50 of 90 MB resident in one CI run). Large matrices go on transparent huge
+  // pages where the kernel offers them (THP "madvise" mode): 512x fewer page
+  // faults while packing (a model switch's cost in router mode) and fewer TLB
+  // misses while streaming. A fresh mapping reads as zeros, as the padding
+  // rows must.
+  constexpr size_t kHuge = size_t(2) << 20, kOwnMapping = size_t(256) << 10;
   const bool huge = p.bytes_ >= kHuge;
   const size_t align = huge ? kHuge : 64;
   const size_t alloc = std::max<size_t>((p.bytes_ + align - 1) / align * align, 64);
-  p.buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(align, alloc)));
-  SERVAL_ASSERT(p.buf_ != nullptr);
+  if (alloc >= kOwnMapping) {
+    // Over-map by the alignment and unmap the slack on both sides.
+    const size_t span = alloc + (huge ? align : 0);
+    void* m = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    SERVAL_ASSERT(m != MAP_FAILED);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(m);
+    const uintptr_t start = (base + align - 1) / align * align;
+    if (start > base) munmap(m, start - base);
+    if (base + span > start + alloc) munmap(reinterpret_cast<void*>(start + alloc), base + span - (start + alloc));
+    p.buf_ = std::unique_ptr<uint8_t, Free>(reinterpret_cast<uint8_t*>(start), Free(alloc));
 #ifdef MADV_HUGEPAGE
-  if (huge) madvise(p.buf_.get(), alloc, MADV_HUGEPAGE);  // advice only: ignored where THP is off
+    if (huge) madvise(p.buf_.get(), alloc, MADV_HUGEPAGE);  // advice only: ignored where THP is off
 #endif
-  std::memset(p.buf_.get(), 0, alloc);
+  } else {
+    p.buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(align, alloc)));
+    SERVAL_ASSERT(p.buf_ != nullptr);
+    std::memset(p.buf_.get(), 0, alloc);
+  }
   const auto* src = static_cast<const uint8_t*>(w);
   if (is_float16(t)) {  // [group][column][16 rows] of 2 bytes; written in order
     for (int64_t g = 0; g < groups; ++g) {
