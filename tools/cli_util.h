@@ -10,10 +10,10 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <cstdlib>
 #include <thread>
 #include <fstream>
 #include <sstream>

@@ -349,14 +349,11 @@ PackedMatrix PackedMatrix::pack(DType t, const void* w, int64_t rows, int64_t co
   const size_t gb = p.group_bytes(), blk_bytes = row_size(t, bs);
   p.bytes_ = (size_t)groups * gb;
   // Matrices of 256 KiB and more get an anonymous mapping of their own, so
-  // that unloading a model gives their memory back to the system at once.
-  // From the heap, that depended on the allocator: once glibc has freed a
-  // large mmapped block it raises its mmap threshold (up to 32 MiB), the next
-  // model's matrices then come from arenas, and unloading that one returned
-  // its memory only as far as malloc_trim could (router mode's eviction left
-  // 50 of 90 MB resident in one CI run). Large matrices go on transparent huge
-  // pages where the kernel offers them (THP "madvise" mode): 512x fewer page
-  // faults while packing (a model switch's cost in router mode) and fewer TLB
+  // that unloading a model returns their memory at once. From the heap it
+  // depended on malloc_trim: after one large free glibc raises its mmap
+  // threshold (up to 32 MiB) and the next model's matrices came from arenas
+  // (docs/ROUTER.md). From 2 MiB up they ask for transparent huge pages
+  // (THP "madvise" mode): 512x fewer page faults while packing and fewer TLB
   // misses while streaming. A fresh mapping reads as zeros, as the padding
   // rows must.
   constexpr size_t kHuge = size_t(2) << 20, kOwnMapping = size_t(256) << 10;

@@ -86,7 +86,7 @@ class PackedMatrix {
   void dequantize_row(int64_t r, float* out) const;
 
  private:
-  // bytes > 0: a mapping of its own (munmap); 0: from the heap (free).
+  // mapped > 0: a mapping of its own, that many bytes (munmap); 0: from the heap (free).
   struct Free {
     Free() noexcept : mapped(0) {}
     explicit Free(size_t n) noexcept : mapped(n) {}
