@@ -595,6 +595,10 @@ int cmd_plan_predict(int argc, char** argv) {
   // batch-1 decode step (0: not measured). With --calibrate the prediction
   // shown against the measurement uses the profile scaled by the `before` ratio.
   double drift_before = 0, drift_after = 0;
+  // The same for prefill: a lone request's time to first token against the
+  // profile's step of one chunk of its prompt. Prefill is bound by compute,
+  // decode by memory bandwidth, and on a shared machine the two move apart.
+  double prefill_drift_before = 0, prefill_drift_after = 0;
   plan::Prediction pred_uncalibrated = pred;
   std::optional<plan::Prediction> pred_calibrated;
   if (validate) {
@@ -629,21 +633,26 @@ int cmd_plan_predict(int argc, char** argv) {
       wo.requests = 2;
       if (auto w = bench_http::run_load(wo, *target, 1); !w.ok()) return fail(cmd, w.status().message(), 1);
     }
-    auto probe = [&]() -> double {
+    // Returns {decode ratio, prefill ratio} (0 where not measured).
+    auto probe = [&]() -> std::pair<double, double> {
       bench_http::Options co = bo;
       co.rate = 0;
       co.requests = 3;
       auto c = bench_http::run_load(co, *target, 1);
-      if (!c.ok() || c->itl.empty()) return 0;
+      if (!c.ok() || c->completed == 0) return {0, 0};
       const double want = plan::decode_step_seconds(p, 1, (int64_t)prompt_len + gen_len / 2);
-      return want > 0 ? plan::percentiles_of(c->itl).p50 / want : 0;
+      const double decode = want > 0 && !c->itl.empty() ? plan::percentiles_of(c->itl).p50 / want : 0;
+      const int64_t lone_prompt = std::max<int64_t>(1, std::llround((double)c->prompt_tokens / (double)c->completed));
+      const double want_ttft = plan::chunk_step_seconds(p, std::min<int64_t>(lone_prompt, p.n_ctx - 1), 0);
+      const double prefill = want_ttft > 0 && !c->ttft.empty() ? plan::percentiles_of(c->ttft).p50 / want_ttft : 0;
+      return {decode, prefill};
     };
-    drift_before = probe();
+    std::tie(drift_before, prefill_drift_before) = probe();
     const auto before = scrape();
     auto r = bench_http::run_load(bo, *target, bo.concurrency[0]);
     if (!r.ok()) return fail(cmd, r.status().message(), 1);
     const auto after = scrape();
-    drift_after = probe();
+    std::tie(drift_after, prefill_drift_after) = probe();
     if (before && after) {
       engine_steps = after->first - before->first;
       engine_busy_s = after->second - before->second;
@@ -702,6 +711,8 @@ int cmd_plan_predict(int argc, char** argv) {
       j["validation"]["predicted"]["busy_s"] = pred_at_measured.busy_frac * pred_at_measured.duration_s;
       j["validation"]["calibration"] = {{"drift_before", drift_before > 0 ? json(drift_before) : json(nullptr)},
                                         {"drift_after", drift_after > 0 ? json(drift_after) : json(nullptr)},
+                                        {"prefill_drift_before", prefill_drift_before > 0 ? json(prefill_drift_before) : json(nullptr)},
+                                        {"prefill_drift_after", prefill_drift_after > 0 ? json(prefill_drift_after) : json(nullptr)},
                                         {"applied", calibrate && pred_calibrated.has_value()}};
       j["validation"]["predicted_uncalibrated"] = prediction_json(pred_uncalibrated);
       j["validation"]["predicted_calibrated"] = pred_calibrated ? prediction_json(*pred_calibrated) : json(nullptr);
@@ -751,14 +762,20 @@ int cmd_plan_predict(int argc, char** argv) {
     std::printf("\nvalidation against %s (%lld/%d requests ok; the server counted %.1f prompt tokens per request, "
                 "predicted at that length):\n",
                 url.c_str(), (long long)m.completed, requests, measured_prompt);
+    const auto off = [](double a, double b) {
+      return a > 0 && b > 0 && (std::fabs(b / a - 1) > 0.1 || std::fabs(a - 1) > 0.1 || std::fabs(b - 1) > 0.1);
+    };
     if (drift_before > 0)
-      std::printf("  machine speed: a lone request's steps ran %.3fx the profile's just before the run, %.3fx just "
-                  "after%s\n",
+      std::printf("  machine speed: a lone request's decode steps ran %.3fx the profile's just before the run, %.3fx "
+                  "just after%s\n",
                   drift_before, drift_after,
-                  calibrate ? "; the prediction below uses the profile scaled by the first"
-                            : (std::fabs(drift_after / drift_before - 1) > 0.1 || std::fabs(drift_before - 1) > 0.1
-                                   ? " — the machine is not running at the profile's speed: expect latency errors"
-                                   : ""));
+                  calibrate ? "; the prediction below uses the profile scaled by the first" : "");
+    if (prefill_drift_before > 0)
+      std::printf("  machine speed: a lone request's time to first token was %.3fx the profile's prefill step just "
+                  "before the run, %.3fx just after\n",
+                  prefill_drift_before, prefill_drift_after);
+    if (!calibrate && (off(drift_before, drift_after) || off(prefill_drift_before, prefill_drift_after)))
+      std::printf("  the machine is not running at the profile's speed (more than 10 %% off): expect latency errors\n");
     std::printf("  %-16s %12s %12s %8s\n", "", "predicted", "measured", "error");
     auto row = [](const char* name, double pr, double me) {
       std::printf("  %-16s %12.4g %12.4g %+7.1f%%\n", name, pr, me, me != 0 ? 100 * (pr - me) / me : 0.0);

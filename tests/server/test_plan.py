@@ -57,6 +57,9 @@ def validate_replays_the_workload(_):
             cal = v["calibration"]
             check(cal["drift_before"] and cal["drift_before"] > 0 and cal["drift_after"] and cal["drift_after"] > 0,
                   f"calibration ratios {cal}")
+            # The prefill side too: the lone requests' time to first token against the profile's prefill step.
+            check(cal["prefill_drift_before"] and cal["prefill_drift_before"] > 0 and cal["prefill_drift_after"]
+                  and cal["prefill_drift_after"] > 0, f"prefill calibration ratios {cal}")
             check("itl_s" in v["predicted_uncalibrated"] and "itl_s" in v["predicted_calibrated"],
                   "both predictions are reported")
             eq(cal["applied"], False, "calibration applied only with --calibrate")
