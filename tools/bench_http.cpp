@@ -27,6 +27,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -492,8 +493,6 @@ void drive(Client& cl, const Options& opt, const Plan& plan, std::atomic<int64_t
   }
 }
 
-std::atomic<int64_t> g_run_counter{0};  // distinct prompts across runs of one process
-
 json pct_or_null(const std::vector<double>& v, double p) {
   return v.empty() ? json(nullptr) : json(percentile(v, p));
 }
@@ -505,6 +504,7 @@ json to_json(const Options& opt, const Plan& plan, const RunResult& r) {
   return {{"url", url_of(plan.target)},
           {"endpoint", opt.endpoint == Endpoint::chat ? "chat" : "completions"},
           {"model", plan.model},
+          {"prompt_salt", opt.prompt_salt},
           {"concurrency", r.concurrency},
           {"requests", r.requests},
           {"prompt_len", opt.prompt_len},
@@ -774,7 +774,7 @@ Expected<RunResult> run_load(const Options& opt, const Plan& plan, int concurren
   auto eps_or = resolve(plan.target);
   if (!eps_or.ok()) return eps_or.status();
   const std::vector<tcp::endpoint>& eps = *eps_or;
-  const int64_t run_no = g_run_counter++;
+  const int64_t run_no = (*plan.runs)++;
   const int64_t index_base = run_no << 32;
 
   if (opt.warmup > 0) {
@@ -880,6 +880,11 @@ int run_cli(int argc, char** argv, std::FILE* out) {
       ->capture_default_str();
   app.add_flag("--no-calibrate", no_calibrate, "skip POST /tokenize; assume 1.3 tokens per word");
   app.add_option("--seed", opt.seed, "prompt seed (and arrival times with --rate)")->capture_default_str();
+  CLI::Option* salt_opt =
+      app.add_option("--prompt-salt", opt.prompt_salt,
+                     "mixed into each prompt's own words (not the shared prefix); default: a fresh value per "
+                     "invocation, so that nothing of an earlier invocation's prompts sits in the server's prefix cache; "
+                     "give the printed value to send the same prompts again");
   app.add_option("--rate", opt.rate,
                  "open loop: requests start at Poisson arrivals of this many per second (TTFT counts from the "
                  "arrival); -c then caps the clients in flight. 0: closed loop")
@@ -889,6 +894,10 @@ int run_cli(int argc, char** argv, std::FILE* out) {
 
   opt.endpoint = endpoint == "chat" ? Endpoint::chat : Endpoint::completions;
   opt.json = format == "json";
+  if (salt_opt->count() == 0)  // the same seed twice must not replay the same prompts into a warm prefix cache
+    opt.prompt_salt = (((uint64_t)std::random_device{}() << 32) ^
+                       (uint64_t)std::chrono::system_clock::now().time_since_epoch().count()) &
+                      ((1ull << 53) - 1);  // exact in JSON readers that parse numbers as doubles
   opt.calibrate = !no_calibrate;
   if (!std::isfinite(opt.timeout_s) || !(opt.timeout_s >= 0.001))
     return fail(cmd, "--timeout: expected seconds in [0.001, 86400]");
@@ -915,13 +924,14 @@ int run_cli(int argc, char** argv, std::FILE* out) {
   if (!opt.json) {
     std::fprintf(out,
                  "serval bench http: POST %s%s | model '%s' | prompt ~%d tokens (%d words, %.2f tokens/word%s)%s | "
-                 "gen %d tokens | %d requests per run%s\n",
+                 "gen %d tokens | %d requests per run%s | prompt salt %llu\n",
                  url_of(plan->target).c_str(), opt.endpoint == Endpoint::chat ? "/v1/chat/completions" : "/v1/completions",
                  excerpt(plan->model, 80).c_str(), opt.prompt_len, plan->prompt_words, plan->tokens_per_word,
                  plan->calibrated ? " from /tokenize" : ", assumed",
                  opt.shared_prefix ? (" | shared prefix ~" + std::to_string(opt.shared_prefix) + " tokens").c_str() : "",
                  opt.gen_len, opt.requests,
-                 opt.rate > 0 ? (" | open loop, Poisson arrivals at " + std::to_string(opt.rate) + " req/s").c_str() : "");
+                 opt.rate > 0 ? (" | open loop, Poisson arrivals at " + std::to_string(opt.rate) + " req/s").c_str() : "",
+                 (unsigned long long)opt.prompt_salt);
     std::fflush(out);
   }
   json runs = json::array();

@@ -10,9 +10,11 @@
 // Nothing here is shared between threads except where a comment says so.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,7 +74,8 @@ struct Options {
   double rate = 0;
   // Mixed into each prompt's own words (not the shared prefix): another salt
   // gives other prompts, so a run finds nothing of an earlier run's prompts in
-  // the server's prefix cache. Runs of one process differ anyway.
+  // the server's prefix cache. Runs of one Plan differ anyway. The CLI
+  // (--prompt-salt) draws a fresh one per invocation unless given.
   uint64_t prompt_salt = 0;
 };
 
@@ -100,6 +103,10 @@ struct Plan {
   double tokens_per_word = 1.3;
   bool calibrated = false;
   int prompt_words = 0, prefix_words = 0;
+  // Runs started with this plan (copies share it): each run's prompts differ
+  // from the others', and a fresh plan (one invocation) starts again at 0, so
+  // the same --prompt-salt sends the same prompts again.
+  std::shared_ptr<std::atomic<int64_t>> runs = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // Resolves the model and calibrates the prompt size against the server.

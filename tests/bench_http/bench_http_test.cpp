@@ -616,4 +616,40 @@ TEST(BenchHttpCli, JsonReportForAConcurrencyList) {
   EXPECT_NE(text.find("errors: none"), std::string::npos) << text;
 }
 
+// Two invocations with the same seed send other prompts (a fresh salt each:
+// a second benchmark against the same server must not be answered from its
+// prefix cache); the printed salt, given back, sends the same prompts again.
+TEST(BenchHttpCli, EachInvocationSendsFreshPromptsUnlessTheSaltIsGiven) {
+  FakeConfig c;
+  FakeServer srv(c);
+  const std::vector<std::string> base = {"--url", srv.url(), "--requests", "2", "--gen-len", "2", "--prompt-len",
+                                         "16", "--no-calibrate", "-o", "json"};
+  auto prompts_of = [&](size_t from) {
+    std::vector<std::string> p;
+    for (size_t k = from; k < srv.bodies().size(); ++k) p.push_back(srv.bodies()[k]["prompt"]);
+    return p;
+  };
+  auto [rc1, out1] = run_main(base);
+  ASSERT_EQ(rc1, 0) << out1;
+  const auto first = prompts_of(0);
+  ASSERT_EQ(first.size(), 2u);
+  json j1 = json::parse(out1, nullptr, false);
+  ASSERT_FALSE(j1.is_discarded()) << out1;
+  const uint64_t salt = j1["prompt_salt"].get<uint64_t>();  // one concurrency level: the run object itself
+
+  auto [rc2, out2] = run_main(base);
+  ASSERT_EQ(rc2, 0) << out2;
+  const auto second = prompts_of(2);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_NE(second[0], first[0]);
+  EXPECT_NE(second[1], first[1]);
+
+  std::vector<std::string> again = base;
+  again.insert(again.end(), {"--prompt-salt", std::to_string(salt)});
+  auto [rc3, out3] = run_main(again);
+  ASSERT_EQ(rc3, 0) << out3;
+  EXPECT_EQ(prompts_of(4), first);
+  EXPECT_EQ(json::parse(out3)["prompt_salt"].get<uint64_t>(), salt);
+}
+
 }  // namespace
