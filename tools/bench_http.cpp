@@ -700,6 +700,12 @@ Expected<std::string> http_get(const Target& target, const std::string& path, co
   return std::move(r->second);
 }
 
+uint64_t fresh_prompt_salt() {
+  return (((uint64_t)std::random_device{}() << 32) ^
+          (uint64_t)std::chrono::system_clock::now().time_since_epoch().count()) &
+         ((1ull << 53) - 1);
+}
+
 Expected<Plan> make_plan(const Options& opt) {
   auto target = parse_url(opt.url);
   if (!target.ok()) return target.status();
@@ -894,10 +900,8 @@ int run_cli(int argc, char** argv, std::FILE* out) {
 
   opt.endpoint = endpoint == "chat" ? Endpoint::chat : Endpoint::completions;
   opt.json = format == "json";
-  if (salt_opt->count() == 0)  // the same seed twice must not replay the same prompts into a warm prefix cache
-    opt.prompt_salt = (((uint64_t)std::random_device{}() << 32) ^
-                       (uint64_t)std::chrono::system_clock::now().time_since_epoch().count()) &
-                      ((1ull << 53) - 1);  // exact in JSON readers that parse numbers as doubles
+  // The same seed twice must not replay the same prompts into a warm prefix cache.
+  if (salt_opt->count() == 0) opt.prompt_salt = fresh_prompt_salt();
   opt.calibrate = !no_calibrate;
   if (!std::isfinite(opt.timeout_s) || !(opt.timeout_s >= 0.001))
     return fail(cmd, "--timeout: expected seconds in [0.001, 86400]");

@@ -109,6 +109,10 @@ struct Plan {
   std::shared_ptr<std::atomic<int64_t>> runs = std::make_shared<std::atomic<int64_t>>(0);
 };
 
+// A prompt salt no earlier invocation used (time and random_device), below
+// 2^53 so that it reads back exactly from JSON parsed as doubles.
+uint64_t fresh_prompt_salt();
+
 // Resolves the model and calibrates the prompt size against the server.
 // Connection failure: an error whose message names the URL.
 Expected<Plan> make_plan(const Options& opt);

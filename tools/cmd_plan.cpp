@@ -613,7 +613,7 @@ int cmd_plan_predict(int argc, char** argv) {
     bo.concurrency = {std::min(requests, 1024)};
 
     // Prompts no earlier run sent: the model assumes no prefix-cache hits.
-    bo.prompt_salt = ((uint64_t)std::random_device{}() << 32) ^ (uint64_t)std::chrono::system_clock::now().time_since_epoch().count();
+    bo.prompt_salt = bench_http::fresh_prompt_salt();
     auto target = bench_http::make_plan(bo);
     if (!target.ok()) return fail(cmd, target.status().message(), 1);
     std::fprintf(stderr, "%s: replaying %d requests at %.3f req/s against %s ...\n", cmd.c_str(), requests, rate,
