@@ -10,7 +10,9 @@
 //   serval_kernel_bench --benchmark_filter='matmul/q4_0' --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
 // (one command line). matmul/<type>x16/... rows multiply with
-// kernels::PackedMatrix copies, as the model does for packable types.
+// kernels::PackedMatrix copies, as the model does for packable types;
+// layer/<type>x16/{qkv,gate_up}/... time a layer's products of one input
+// one by one against one kernels::matmul_many call.
 // (the "_min" rows: the least disturbed run; the time-based counters of the
 // "_median"/"_min" rows are per-run rates as well.)
 #include <benchmark/benchmark.h>
@@ -142,6 +144,64 @@ void bm_matmul(benchmark::State& state, Isa isa, DType t, int64_t rows, int64_t 
   state.counters["threads"] = pool().n_threads();
 }
 
+// A layer's products of one input, TinyLlama shapes: Q, K, V (2048, 256 and
+// 256 rows x 2048) or gate and up (5632 x 2048 each), packed, in copies
+// spanning SERVAL_BENCH_MB; `many`: one kernels::matmul_many call (the input
+// quantized once, one parallel_for), else one kernels::matmul per product, as
+// the forward did before it. Same bytes out either way.
+void bm_same_input(benchmark::State& state, Isa isa, DType t, bool ffn, int64_t n, bool many) {
+  if (kernels::set_isa(isa) != isa) {
+    state.SkipWithError("kernel level not supported on this CPU");
+    return;
+  }
+  const int64_t cols = 2048;
+  const std::vector<int64_t> rows = ffn ? std::vector<int64_t>{5632, 5632} : std::vector<int64_t>{2048, 256, 256};
+  static std::string key;
+  static std::vector<std::vector<kernels::PackedMatrix>> sets;  // [copy][product]
+  static int64_t set_bytes = 0;
+  const std::string want = std::string(dtype_name(t)) + (ffn ? "/ffn" : "/qkv");
+  if (key != want) {
+    key = want;
+    sets.clear();
+    std::vector<std::shared_ptr<Matrix>> ms;
+    set_bytes = 0;
+    for (int64_t r : rows) {
+      ms.push_back(make_matrix(t, r, cols));
+      set_bytes += (int64_t)ms.back()->bytes;
+    }
+    const size_t target = (size_t)env_int("SERVAL_BENCH_MB", 256) << 20;
+    const int copies = (int)std::max<size_t>(1, target / (size_t)set_bytes);
+    for (int c = 0; c < copies; ++c) {
+      sets.emplace_back();
+      for (const auto& m : ms) sets.back().push_back(kernels::PackedMatrix::pack(t, m->copy(c % m->copies), m->rows, cols));
+    }
+  }
+  std::vector<float> x((size_t)(n * cols));
+  std::vector<std::vector<float>> ys;
+  for (int64_t r : rows) ys.emplace_back((size_t)(n * r));
+  uint64_t s = 7;
+  for (auto& v : x) v = (float)((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5);
+  size_t c = 0;
+  for (auto _ : state) {
+    const auto& set = sets[c];
+    if (many) {
+      kernels::PackedProduct pp[3];
+      for (size_t j = 0; j < set.size(); ++j) pp[j] = {&set[j], ys[j].data()};
+      kernels::matmul_many(pp, set.size(), x.data(), n, &pool());
+    } else {
+      for (size_t j = 0; j < set.size(); ++j) kernels::matmul(set[j], x.data(), n, ys[j].data(), &pool());
+    }
+    benchmark::ClobberMemory();
+    if (++c == sets.size()) c = 0;
+  }
+  int64_t macs = 0;
+  for (int64_t r : rows) macs += r * cols * n;
+  state.SetBytesProcessed((int64_t)state.iterations() * set_bytes);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(2.0 * (double)macs * 1e-9 * (double)state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["threads"] = pool().n_threads();
+}
+
 void bm_attention(benchmark::State& state, Isa isa, int64_t n_ctx) {
   if (kernels::set_isa(isa) != isa) {
     state.SkipWithError("kernel level not supported on this CPU");
@@ -248,6 +308,19 @@ int register_all() {
                 ->ComputeStatistics("min", min_of);
           }
     }
+  for (DType t : {DType::q4_0, DType::q8_0, DType::q4_k})
+    for (bool ffn : {false, true})
+      for (int64_t n : {1, 16, 128})
+        for (bool many : {false, true}) {
+          const Isa isa = Isa::avx512vnni;
+          if (!isa_supported(isa, cpu_features())) continue;
+          const std::string name = "layer/" + std::string(dtype_name(t)) + "x16/" + (ffn ? "gate_up" : "qkv") + "/n" +
+                                   std::to_string(n) + "/" + (many ? "many" : "one_by_one");
+          benchmark::RegisterBenchmark(name.c_str(), bm_same_input, isa, t, ffn, n, many)
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime()
+              ->ComputeStatistics("min", min_of);
+        }
   for (int64_t ctx : {128, 1024})
     for (Isa isa : isas) {
       if (!isa_supported(isa, cpu_features())) continue;

@@ -135,6 +135,22 @@ void run_rows(detail::MatmulRowsFn fn, const detail::MatmulTask& task, ThreadPoo
       units, [&](int64_t u0, int64_t u1) { fn(task, u0 * kUnit, std::min(rows, u1 * kUnit)); }, grain);
 }
 
+// Bytes of one activation row as packed kernel k reads it (q8_k or q8_0p).
+size_t packed_act_row_bytes(const detail::MatmulKernel& k, int64_t cols) {
+  return k.act == detail::ActKind::q8_k ? detail::act_q8_k_row_bytes(cols) : detail::act_q8_0p_row_bytes(cols);
+}
+
+// Rows [i0, i1) of X quantized for packed kernel k, row i at act + i * its row bytes.
+void quantize_packed_act(const detail::KernelTable* tab, const detail::MatmulKernel& k, const float* x, int64_t cols,
+                         int64_t i0, int64_t i1, uint8_t* act) {
+  const size_t stride = packed_act_row_bytes(k, cols);
+  for (int64_t i = i0; i < i1; ++i) {
+    uint8_t* dst = act + (size_t)i * stride;
+    if (k.act == detail::ActKind::q8_k) tab->quantize_q8_k(x + i * cols, cols, dst);
+    else tab->quantize_q8_0p(x + i * cols, cols, k.act_offset, dst);
+  }
+}
+
 }  // namespace
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -449,20 +465,104 @@ void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPo
     run_rows(k.fn, task, parallel ? pool : nullptr);
     return;
   }
-  const bool qk = k.act == detail::ActKind::q8_k;
-  task.act_stride = qk ? detail::act_q8_k_row_bytes(cols) : detail::act_q8_0p_row_bytes(cols);
+  task.act_stride = packed_act_row_bytes(k, cols);
   uint8_t* act = act_scratch(task.act_stride * (size_t)n);
   task.act = act;
-  auto quantize = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      uint8_t* dst = act + (size_t)i * task.act_stride;
-      if (qk) tab->quantize_q8_k(x + i * cols, cols, dst);
-      else tab->quantize_q8_0p(x + i * cols, cols, k.act_offset, dst);
-    }
-  };
+  auto quantize = [&](int64_t i0, int64_t i1) { quantize_packed_act(tab, k, x, cols, i0, i1, act); };
   if (parallel && n * cols >= (1 << 18)) pool->parallel_for(n, quantize);
   else quantize(0, n);
   run_rows(k.fn, task, parallel ? pool : nullptr);
+}
+
+void matmul_many(const PackedProduct* products, size_t count, const float* x, int64_t n, ThreadPool* pool) {
+  if (count == 0 || n <= 0) return;
+  const detail::KernelTable* tab = table();
+  const int64_t cols = products[0].w->cols();
+  // Up to kMax products in one call; the rest (and any product without a
+  // fast kernel: the ref level, an unpackable type) one by one.
+  constexpr size_t kMax = 8;
+  struct Part {
+    detail::MatmulKernel k;
+    detail::MatmulTask task;
+    int64_t u0, u1;  // its 16-row units in the joint index
+    int format;      // index of its activation format in `formats`
+  };
+  Part parts[kMax];
+  detail::MatmulKernel formats[kMax];
+  int n_formats = 0;
+  bool fused = tab != nullptr && count <= kMax;
+  int64_t units = 0;
+  for (size_t j = 0; fused && j < count; ++j) {
+    const PackedMatrix& w = *products[j].w;
+    Part& pt = parts[j];
+    pt.k = tab->packed_kernel(w.type());
+    if (pt.k.fn == nullptr || w.cols() != cols) {
+      fused = false;
+      break;
+    }
+    pt.task = detail::MatmulTask{.w = w.data(), .w_stride = w.group_bytes(), .rows = w.rows(), .cols = cols, .x = x,
+                                 .n = n, .y = products[j].y};
+    pt.u0 = units;
+    units += (w.rows() + 15) / 16;
+    pt.u1 = units;
+    pt.format = -1;
+    if (pt.k.act == detail::ActKind::f32) continue;  // reads X as given
+    for (int f = 0; f < n_formats; ++f)
+      if (formats[f].act == pt.k.act && formats[f].act_offset == pt.k.act_offset) pt.format = f;
+    if (pt.format < 0) {
+      pt.format = n_formats;
+      formats[n_formats++] = pt.k;
+    }
+  }
+  if (!fused) {
+    for (size_t j = 0; j < count; ++j) matmul(*products[j].w, x, n, products[j].y, pool);
+    return;
+  }
+  const bool parallel = pool != nullptr && pool->n_threads() > 1;
+
+  // Each activation format once, in one scratch buffer (64-byte aligned parts).
+  size_t offsets[kMax], total = 0;
+  for (int f = 0; f < n_formats; ++f) {
+    offsets[f] = total;
+    total += (packed_act_row_bytes(formats[f], cols) * (size_t)n + 63) / 64 * 64;
+  }
+  uint8_t* act = n_formats > 0 ? act_scratch(total) : nullptr;
+  for (size_t j = 0; j < count; ++j)
+    if (parts[j].format >= 0) {
+      parts[j].task.act = act + offsets[parts[j].format];
+      parts[j].task.act_stride = packed_act_row_bytes(parts[j].k, cols);
+    }
+  if (n_formats > 0) {
+    // Item q = f * n + i: format f of row i. Rows are independent, so any
+    // split gives the same bytes; a split pays from about 32K elements (a
+    // 16-sequence decode step's activations: ~30 µs of work on one thread).
+    auto quantize = [&](int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q) {
+        const int f = (int)(q / n);
+        const int64_t i = q % n;
+        quantize_packed_act(tab, formats[f], x, cols, i, i + 1, act + offsets[f]);
+      }
+    };
+    const int64_t items = (int64_t)n_formats * n;
+    if (parallel && items >= 2 && items * cols >= (1 << 15)) pool->parallel_for(items, quantize);
+    else quantize(0, items);
+  }
+
+  // All products' rows in one index of 16-row units: a chunk runs the part
+  // of each product it covers (run_rows' grain, from the common cols).
+  auto rows_of = [&](int64_t u0, int64_t u1) {
+    for (size_t j = 0; j < count; ++j) {
+      const Part& pt = parts[j];
+      const int64_t lo = std::max(u0, pt.u0), hi = std::min(u1, pt.u1);
+      if (lo < hi) pt.k.fn(pt.task, (lo - pt.u0) * 16, std::min(pt.task.rows, (hi - pt.u0) * 16));
+    }
+  };
+  if (!parallel) {
+    rows_of(0, units);
+    return;
+  }
+  const int64_t per_unit = std::max<int64_t>(1, 16 * cols * n);
+  pool->parallel_for(units, rows_of, std::max<int64_t>(1, kMinChunkMacs / per_unit));
 }
 
 void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,

@@ -102,6 +102,19 @@ class PackedMatrix {
 // Y[i, r] = dot(W[r, :], X[i, :]) for the packed W; as matmul() above.
 void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
 
+// One product of matmul_many: Y = W X for its own packed W ([n, W.rows()]).
+struct PackedProduct {
+  const PackedMatrix* w;
+  float* y;
+};
+
+// Several products of the same X (a layer's Q, K and V; gate and up), each Y
+// bit for bit what matmul(*w, x, n, y, pool) gives, with less work between
+// them: X is quantized once per activation format the weights use (not once
+// per product), and all products' rows run in one parallel_for (one hand-off
+// to the workers and one wait, not one per product). Every W has X's cols.
+void matmul_many(const PackedProduct* products, size_t count, const float* x, int64_t n, ThreadPool* pool);
+
 // Fixed-order F32 dot product (8 interleaved partial sums, then pairwise).
 float dot_f32(const float* a, const float* b, int64_t n);
 

@@ -1032,6 +1032,51 @@ TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
   }
 }
 
+// matmul_many (one input, several packed products: a layer's Q/K/V or
+// gate/up) gives each product the bytes matmul gives it alone: weights of
+// one activation format, of two (Q4_0's offset 8 and Q8_0's 128: X quantized
+// twice), of the K-quants' Q8_K beside Q8_0P, of F16 (X read as given), and
+// more products than one call fuses (the rest one by one); every level,
+// thread count and decode- or prefill-sized n.
+TEST_F(KernelLevels, ManyProductsOfOneInputMatchOneByOneBitForBit) {
+  ThreadPool pool2(2), pool3(3);
+  const std::vector<std::vector<DType>> groups = {
+      {DType::q4_0, DType::q4_0, DType::q4_0},
+      {DType::q4_0, DType::q8_0, DType::q4_0},
+      {DType::q4_k, DType::q6_k, DType::q8_0},
+      {DType::f16, DType::q4_0},
+      {DType::iq4_xs, DType::q5_k, DType::bf16, DType::q4_1, DType::q5_0, DType::q5_1, DType::iq4_nl, DType::q3_k,
+       DType::q2_k}};
+  const int64_t cols = 512;
+  for (const auto& types : groups) {
+    std::vector<kernels::PackedMatrix> ps;
+    for (size_t j = 0; j < types.size(); ++j) {
+      const int64_t rows = j == 0 ? 300 : (j == 1 ? 45 : 64 + 16 * (int64_t)j);
+      const Weights w = random_weights(types[j], rows, cols, 1000 + j);
+      ps.push_back(kernels::PackedMatrix::pack(types[j], w.data.data(), rows, cols));
+    }
+    for (int64_t n : {1, 3, 16, 45}) {
+      const auto x = activations(n, cols, 77 + (uint64_t)n);
+      for (Isa isa : levels()) {
+        ASSERT_EQ(kernels::set_isa(isa), isa);
+        for (ThreadPool* pool : {(ThreadPool*)nullptr, &pool2, &pool3}) {
+          std::vector<std::vector<float>> ys;
+          std::vector<kernels::PackedProduct> pp;
+          for (const auto& p : ps) ys.emplace_back((size_t)(n * p.rows()), -1.0f);
+          for (size_t j = 0; j < ps.size(); ++j) pp.push_back({&ps[j], ys[j].data()});
+          kernels::matmul_many(pp.data(), pp.size(), x.data(), n, pool);
+          for (size_t j = 0; j < ps.size(); ++j) {
+            const auto alone = run_packed(ps[j], x, n, pool);
+            EXPECT_EQ(std::memcmp(ys[j].data(), alone.data(), alone.size() * 4), 0)
+                << isa_name(isa) << " " << dtype_name(types[j]) << " product " << j << " n=" << n
+                << " threads " << (pool ? pool->n_threads() : 1);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(KernelLevels, PackedWithinFormatBound) {
   for (DType t : kPackedTypes) {
     const Weights w = make_weights(t, 40, is_k(t) ? 768 : 800, 31);
