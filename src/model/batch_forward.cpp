@@ -60,8 +60,8 @@ BatchForward::BatchForward(const Model& model, KvStorage& kv, ThreadPool* pool)
 // experts' outputs in its own routing order, so a token's result does not
 // depend on which other tokens share its experts (batch invariance).
 // In: xn_ [n, dim] (the FFN's normed input). Out: proj_ [n, dim].
-template <class MM>
-void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm) {
+template <class MM, class MMSame>
+void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm, const MMSame& mm_same_input) {
   const ModelConfig& c = model_.config();
   const int64_t dim = c.dim, ne = c.n_expert, k_used = c.n_expert_used, ff = c.expert_ffn_dim;
   router_.resize((size_t)(n * ne));
@@ -95,8 +95,7 @@ void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm) {
       const int64_t i = group_rows_[(size_t)(r0 + j)] / k_used;
       std::memcpy(xe + j * dim, xn_.data() + i * dim, (size_t)dim * sizeof(float));
     }
-    mm(l.exp_gate[(size_t)e], xe, m, gate_.data());
-    mm(l.exp_up[(size_t)e], xe, m, up_.data());
+    mm_same_input({{&l.exp_gate[(size_t)e], gate_.data()}, {&l.exp_up[(size_t)e], up_.data()}}, xe, m, nullptr);
     if (!l.exp_gate_b.empty())
       for (int64_t j = 0; j < m; ++j)
         for (int64_t f = 0; f < ff; ++f) {
@@ -301,6 +300,31 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     }
   };
   const std::vector<LoraGroup>* const tok_loras = lora_tok.empty() ? nullptr : &lora_tok;
+  // Products of one input (a layer's Q, K, V; gate and up): with every
+  // matrix packed, one matmul_many (the input quantized once, one hand-off
+  // to the pool; the same bits as mm one by one), then each one's LoRA rows.
+  auto mm_same_input = [&](std::initializer_list<std::pair<const Matrix*, float*>> products, const float* in,
+                           int64_t rows_n, const std::vector<LoraGroup>* rows_of) {
+    kernels::PackedProduct pp[4] = {};
+    size_t count = 0;
+    for (const auto& [m, out] : products)
+      if (m->packed && count < 4) pp[count++] = {m->packed.get(), out};
+    if (count != products.size()) {
+      for (const auto& [m, out] : products) mm(*m, in, rows_n, out, rows_of);
+      return;
+    }
+    for (const auto& [m, out] : products)
+      if (observer_) (*observer_)(*m, in, rows_n);
+    kernels::matmul_many(pp, count, in, rows_n, pool);
+    if (rows_of)
+      for (const auto& [m, out] : products) {
+        lora_rows.clear();
+        for (const LoraGroup& gr : *rows_of)
+          if (const LoraDelta* d = gr.lora->delta(*m))
+            for (int64_t r : gr.rows) lora_rows.push_back({d, gr.lora->scale(), r});
+        apply_lora(lora_rows, in, out, pool);
+      }
+  };
   // Runs fn over [0, count) on the pool, in chunks of at least `grain` items.
   auto par = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1) {
     if (pool) pool->parallel_for(count, fn, grain);
@@ -353,9 +377,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     const bool in_swa_pool = swa_pool && g.in_swa_pool((int32_t)il);
     for (int64_t i = 0; i < n; ++i)
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.attn_norm.data(), dim, c.rms_eps);
-    mm(l.wq, xn_.data(), n, q_.data(), tok_loras);
-    mm(l.wk, xn_.data(), n, k_.data(), tok_loras);
-    mm(l.wv, xn_.data(), n, v_.data(), tok_loras);
+    mm_same_input({{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}}, xn_.data(), n, tok_loras);
     for (int64_t i = 0; i < n; ++i) {
       float* q = q_.data() + i * q_dim;
       float* k = k_.data() + i * kv_dim;
@@ -453,11 +475,19 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     for (int64_t i = 0; i < n; ++i)
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.ffn_norm.data(), dim, c.rms_eps);
     if (c.block.moe) {
-      moe_ffn(l, n, mm);
+      moe_ffn(l, n, mm, mm_same_input);
     } else {
-      mm(l.w_gate, xn_.data(), n, gate_.data(), tok_loras);
-      mm(l.w_up, xn_.data(), n, up_.data(), tok_loras);
-      blocks::gated_act_fast(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim);
+      mm_same_input({{&l.w_gate, gate_.data()}, {&l.w_up, up_.data()}}, xn_.data(), n, tok_loras);
+      {
+        // Element by element, so any split gives the same bits; a batch's
+        // worth (16 x 5632: ~3 % of a 16-sequence step on one thread) is split.
+        constexpr int64_t kPiece = 4096;
+        const int64_t count = n * c.ffn_dim;
+        par((count + kPiece - 1) / kPiece, [&](int64_t b, int64_t e) {
+          const int64_t i0 = b * kPiece, i1 = std::min(count, e * kPiece);
+          blocks::gated_act_fast(c.block.act, hidden_.data() + i0, gate_.data() + i0, up_.data() + i0, i1 - i0);
+        }, 8);
+      }
       if (tp) {
         SERVAL_RETURN_IF_ERROR(tp_gather(hidden_.data(), n, c.ffn_dim, tp_full_));
         mm(l.w_down, tp_full_.data(), n, tp_part_.data());

@@ -85,8 +85,9 @@ class BatchForward {
 
  private:
   void ensure_capacity(int64_t n_tokens);
-  template <class MM>
-  void moe_ffn(const LayerWeights& l, int64_t n, const MM& mm);
+  // mm: one product (matrix, input, rows, output); mm_same_input: several of one input.
+  template <class MM, class MMSame>
+  void moe_ffn(const LayerWeights& l, int64_t n, const MM& mm, const MMSame& mm_same_input);
 
   const Model& model_;
   KvStorage& kv_;
