@@ -126,12 +126,16 @@ def overload_ramp_3x(_):
         solo = post(srv.port, C, GREEDY).json()["choices"][0]["text"]
         sampler = Sampler(srv)
         peaks = {}
-        for mult in (1, 2, 3):
+        # 1x, 2x, 3x, then 3x again: the allocator's per-thread arenas fill up
+        # with the number of connections served at once, and whether 2x or 3x
+        # reaches that plateau is timing (2026-12-07: 46 -> 73 -> 81 MiB in one
+        # run, 49 -> 49 -> 77 in the next); a second 3x must not grow past it.
+        for step, mult in enumerate((1, 2, 3, 3)):
             t0 = time.monotonic()
             counts, problems = hammer(srv.port, CAPACITY * mult, 6, solo)
-            peaks[mult] = max(s[1] for s in sampler.samples if s[0] >= t0)
-            print(f"  {mult}x capacity ({CAPACITY * mult} clients): statuses {dict(sorted(counts.items()))}, "
-                  f"peak RSS {peaks[mult] / 1024:.1f} MiB")
+            peaks[step] = max(s[1] for s in sampler.samples if s[0] >= t0)
+            print(f"  {mult}x capacity ({CAPACITY * mult} clients{', again' if step == 3 else ''}): "
+                  f"statuses {dict(sorted(counts.items()))}, peak RSS {peaks[step] / 1024:.1f} MiB")
             check(not problems, f"{mult}x: {len(problems)} problems: " + "; ".join(short(p, 300) for p in problems[:5]))
             check(set(counts) <= {200, 429, 503}, f"{mult}x: unexpected statuses {counts}")
             check(counts.get(200, 0) > 0, f"{mult}x: no request succeeded")
@@ -142,8 +146,10 @@ def overload_ramp_3x(_):
         sampler.finish()
         # Under ASan freed memory sits in quarantine (256 MiB), so RSS says nothing
         # there; LeakSanitizer checks the server at exit instead.
-        check(Config.sanitized or peaks[3] <= peaks[2] * 1.10 + 16 * 1024,
-              f"resident memory grows with overload: peak {peaks[2] / 1024:.1f} MiB at 2x, {peaks[3] / 1024:.1f} MiB at 3x")
+        plateau = max(peaks[1], peaks[2])
+        check(Config.sanitized or peaks[3] <= plateau * 1.10 + 16 * 1024,
+              f"resident memory grows with overload: peak {peaks[1] / 1024:.1f} MiB at 2x, {peaks[2] / 1024:.1f} MiB "
+              f"at 3x, {peaks[3] / 1024:.1f} MiB at 3x again")
         check(wait_kv_idle(srv.port) is not None, "KV blocks still in use after the overload")
         eq(post(srv.port, C, GREEDY).json()["choices"][0]["text"], solo, "greedy text after the overload")
 
