@@ -195,6 +195,11 @@ nlohmann::json to_json(const RunResult& r) {
           // Steady-state decode rate: streams in flight x tokens per second of one
           // stream after its first token (events carry several tokens with speculation).
           {"decode_tok_s", r.decode_tok_s},
+          // The decode-only steps' own rate: generated tokens / wall time of the
+          // steps that ran no prompt token (EngineStats::decode_steps).
+          {"decode_step_tok_s", s.decode_step_seconds > 0 ? (double)s.decode_step_tokens / s.decode_step_seconds : 0.0},
+          {"decode_steps", s.decode_steps},
+          {"decode_step_tokens", s.decode_step_tokens},
           {"kv_blocks_total", s.kv_blocks_total},
           {"kv_blocks_peak", s.kv_blocks_peak},
           {"kv_swa_blocks_total", s.kv_swa_blocks_total},
@@ -336,10 +341,12 @@ int cmd_bench(int argc, char** argv) {
     std::printf(
         "%sconcurrency %d: %lld requests in %.2f s | gen %.1f tok/s | prefill %.1f tok/s\n"
         "  TTFT mean %.4f p50 %.4f p99 %.4f s (first %.4f, rest p50 %.4f) | ITL mean %.4f p50 %.4f p99 %.4f s\n"
-        "  decode %.1f tok/s (streams in flight x per-stream rate after the first token)\n"
+        "  decode %.1f tok/s (streams in flight x per-stream rate after the first token) | decode-only steps %.1f "
+        "tok/s (%lld steps that ran no prompt token)\n"
         "  KV blocks peak %d/%d, waste %.2f %% | prefix hit rate %.3f | preemptions %lld | errors %lld\n",
         label, r.concurrency, (long long)n_requests, r.wall_s, r.gen_tok_s, r.prefill_tok_s, r.ttft_mean, r.ttft_p50,
         r.ttft_p99, r.ttft_first, r.ttft_rest_p50, r.itl_mean, r.itl_p50, r.itl_p99, r.decode_tok_s,
+        (double)j["decode_step_tok_s"], (long long)r.stats.decode_steps,
         r.stats.kv_blocks_peak, r.stats.kv_blocks_total, (double)j["kv_waste_pct"], (double)j["prefix_hit_rate"],
         (long long)r.stats.preemptions, (long long)r.errors);
     if (r.stats.kv_swa_blocks_total > 0 && r.stats.kv_seq_bytes_decode_full > 0)
@@ -401,8 +408,12 @@ int cmd_bench(int argc, char** argv) {
     if (all.size() > 1 && !speculating) out["gen_tok_s_ratio_last_vs_first"] = (double)all.back()["gen_tok_s"] / (double)all[0]["gen_tok_s"];
     std::printf("%s\n", out.dump().c_str());
   } else if (all.size() > 1 && !speculating) {
-    std::printf("gen tok/s ratio (concurrency %d vs %d): %.2f\n", concs.back(), concs.front(),
-                (double)all.back()["gen_tok_s"] / (double)all[0]["gen_tok_s"]);
+    const auto ratio = [&](const char* key) {
+      const double first = all[0][key];
+      return first > 0 ? (double)all.back()[key] / first : 0.0;
+    };
+    std::printf("concurrency %d vs %d: gen tok/s x%.2f, decode tok/s x%.2f, decode-only steps x%.2f\n", concs.back(),
+                concs.front(), ratio("gen_tok_s"), ratio("decode_tok_s"), ratio("decode_step_tok_s"));
   }
   return 0;
 }

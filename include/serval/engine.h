@@ -314,6 +314,12 @@ struct EngineStats {
   int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
   double spec_mean_accepted = 0;
   double step_seconds = 0;              // wall time spent in engine steps (forward + sampling)
+  // Steps that ran no prompt token (each sequence one decode token: no
+  // prefill chunk, no speculative verification), the tokens they generated
+  // and their wall time: tokens / seconds is the batched decode step's own
+  // rate (llama-batched-bench's S_TG), free of other requests' prefill.
+  int64_t decode_steps = 0, decode_step_tokens = 0;
+  double decode_step_seconds = 0;
   // Embeddings: inputs and their tokens computed, embedding steps and their wall time.
   int64_t embed_inputs = 0, embed_tokens = 0, embed_steps = 0;
   double embed_seconds = 0;

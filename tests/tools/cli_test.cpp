@@ -210,6 +210,26 @@ TEST(Cli, SpeculativeRunMatchesGoldenAndBenchReportsAcceptance) {
   std::remove(gpt2.c_str());
 }
 
+// bench throughput's decode-only steps: one request of G tokens after an
+// 8-token prompt is one prefill step (the first token) and G - 1 steps of one
+// decode token each; with two requests at once every decode-only step makes
+// at most two tokens, and the steps that prefill are not among them.
+TEST(Cli, BenchThroughputCountsDecodeOnlySteps) {
+  Result one = run("bench throughput -m " + kStories + " --requests 1 --concurrency 1 --prompt-len 8 --gen-len 16 -t 1 -o json");
+  ASSERT_EQ(one.status, 0) << one.err;
+  const auto j1 = nlohmann::json::parse(one.out);
+  EXPECT_EQ(j1["decode_steps"].get<int64_t>(), 15) << one.out;
+  EXPECT_EQ(j1["decode_step_tokens"].get<int64_t>(), 15) << one.out;
+  EXPECT_GT(j1["decode_step_tok_s"].get<double>(), 0.0);
+  Result two = run("bench throughput -m " + kStories + " --requests 4 --concurrency 2 --prompt-len 8 --gen-len 16 -t 1 -o json");
+  ASSERT_EQ(two.status, 0) << two.err;
+  const auto j2 = nlohmann::json::parse(two.out);
+  const int64_t steps = j2["decode_steps"], tokens = j2["decode_step_tokens"];
+  EXPECT_GE(steps, 15) << two.out;
+  EXPECT_LE(tokens, 2 * steps) << two.out;
+  EXPECT_LT(tokens, j2["gen_tokens"].get<int64_t>()) << two.out;  // the first tokens come from prefill steps
+}
+
 TEST(Cli, SearchDecodingFlags) {
   // Beam search: --num-return hypotheses, each under a header with its score, best first.
   Result r = run("run -m " + kStories + " -p 'Once upon a time' -n 12 -t 1 --beam-width 4 --num-return 2");
