@@ -478,8 +478,8 @@ void matmul_many(const PackedProduct* products, size_t count, const float* x, in
   if (count == 0 || n <= 0) return;
   const detail::KernelTable* tab = table();
   const int64_t cols = products[0].w->cols();
-  // Up to kMax products in one call; the rest (and any product without a
-  // fast kernel: the ref level, an unpackable type) one by one.
+  // Up to kMax products in one call. More, or any product without a fast
+  // kernel (the ref level) or of other cols, go one by one through matmul.
   constexpr size_t kMax = 8;
   struct Part {
     detail::MatmulKernel k;
