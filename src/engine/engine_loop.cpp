@@ -409,11 +409,12 @@ void Engine::Impl::account_step(const SchedulerOutput& out, const StepResult& st
     stats.kv_seq_bytes_decode_peak = decode_peak;
     stats.kv_seq_bytes_decode_full = decode_full;
   }
-  stats.step_seconds += (double)(step_end_ns - step_start_ns) * 1e-9;
+  const double step_s = (double)(step_end_ns - step_start_ns) * 1e-9;
+  stats.step_seconds += step_s;
   if (step.prefill_computed == 0 && step.generated > 0) {
     stats.decode_steps++;
     stats.decode_step_tokens += step.generated;
-    stats.decode_step_seconds += (double)(step_end_ns - step_start_ns) * 1e-9;
+    stats.decode_step_seconds += step_s;
   }
   stats.generated_tokens += step.generated;
   stats.prefill_tokens_computed += step.prefill_computed;

@@ -286,18 +286,20 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     }
   }
   // rows_of: the LoRA groups of the rows of `in` (token rows, output rows), or null.
+  auto add_lora = [&](const Matrix& m, const float* in, float* out, const std::vector<LoraGroup>* rows_of) {
+    if (!rows_of) return;
+    lora_rows.clear();
+    for (const LoraGroup& gr : *rows_of)
+      if (const LoraDelta* d = gr.lora->delta(m))
+        for (int64_t r : gr.rows) lora_rows.push_back({d, gr.lora->scale(), r});
+    apply_lora(lora_rows, in, out, pool);
+  };
   auto mm = [&](const Matrix& m, const float* in, int64_t rows_n, float* out,
                 const std::vector<LoraGroup>* rows_of = nullptr) {
     if (observer_) (*observer_)(m, in, rows_n);
     if (m.packed) kernels::matmul(*m.packed, in, rows_n, out, pool);
     else kernels::matmul(m.type, m.data, m.rows, m.cols, in, rows_n, out, pool);
-    if (rows_of) {
-      lora_rows.clear();
-      for (const LoraGroup& gr : *rows_of)
-        if (const LoraDelta* d = gr.lora->delta(m))
-          for (int64_t r : gr.rows) lora_rows.push_back({d, gr.lora->scale(), r});
-      apply_lora(lora_rows, in, out, pool);
-    }
+    add_lora(m, in, out, rows_of);
   };
   const std::vector<LoraGroup>* const tok_loras = lora_tok.empty() ? nullptr : &lora_tok;
   // Products of one input (a layer's Q, K, V; gate and up): with every
@@ -313,17 +315,10 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       for (const auto& [m, out] : products) mm(*m, in, rows_n, out, rows_of);
       return;
     }
-    for (const auto& [m, out] : products)
-      if (observer_) (*observer_)(*m, in, rows_n);
+    if (observer_)
+      for (const auto& [m, out] : products) (*observer_)(*m, in, rows_n);
     kernels::matmul_many(pp, count, in, rows_n, pool);
-    if (rows_of)
-      for (const auto& [m, out] : products) {
-        lora_rows.clear();
-        for (const LoraGroup& gr : *rows_of)
-          if (const LoraDelta* d = gr.lora->delta(*m))
-            for (int64_t r : gr.rows) lora_rows.push_back({d, gr.lora->scale(), r});
-        apply_lora(lora_rows, in, out, pool);
-      }
+    for (const auto& [m, out] : products) add_lora(*m, in, out, rows_of);
   };
   // Runs fn over [0, count) on the pool, in chunks of at least `grain` items.
   auto par = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1) {
