@@ -4,6 +4,13 @@
 # dispatch must pick the best level the CPU has (and never an instruction it
 # lacks: that would be SIGILL), the kernels at that level must match the
 # scalar reference, and greedy generation must reproduce llama.cpp's golden.
+# The kernel tests run on Haswell only: on Nehalem the only level is ref, the
+# same scalar code the native run checks, and the golden runs it end to end.
+# Under qemu (its AVX2 is over 1000x slower than native: stories260K decodes
+# about 20 tokens a second) the tests take one shape of each kind and the
+# golden its first case per KV type (SERVAL_TEST_EMULATED,
+# tests/kernels/isa_levels.h): what this adds to the native run of every shape
+# and case is the emulated CPU's instruction set.
 # Usage: isa_emulated.sh SERVAL TEST_KERNELS TEST_ENGINE SHARED_DIR
 # Exits 77 (CTest: skipped) without qemu-x86_64 (package qemu-user).
 set -euo pipefail
@@ -13,6 +20,7 @@ if ! command -v qemu-x86_64 >/dev/null; then
   exit 77
 fi
 model="$shared/models/stories260K.gguf"
+export SERVAL_TEST_EMULATED=1
 fail=0
 for pair in Haswell:avx2 Nehalem:ref; do
   cpu=${pair%%:*} want=${pair##*:}
@@ -24,7 +32,9 @@ for pair in Haswell:avx2 Nehalem:ref; do
     echo "FAIL: on $cpu serval picked '$isa', expected '$want'"
     fail=1
   fi
-  if ! "${q[@]}" "$test_kernels" --gtest_brief=1 --gtest_filter='KernelLevels.*:AttentionTile.*:LoraRow.*' 2>/dev/null; then
+  if [ "$want" != ref ] &&
+     ! "${q[@]}" "$test_kernels" --gtest_brief=1 \
+       --gtest_filter='KernelLevels.*:AttentionTile.*:LoraRow.*' 2>/dev/null; then
     echo "FAIL: kernel tests on $cpu"
     fail=1
   fi

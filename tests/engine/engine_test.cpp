@@ -13,6 +13,7 @@
 #include "serval/engine.h"
 #include "tokenizer/tokenizer.h"
 #include "engine/engine_test_util.h"
+#include "kernels/isa_levels.h"
 
 using namespace serval;
 
@@ -149,12 +150,16 @@ TEST(Engine, PauseParksTheLoopAndStepRunsExactlyN) {
 TEST(Engine, GreedyMatchesGolden) {
   std::ifstream in(kShared + "/golden/stories260K-greedy.json");
   const auto golden = nlohmann::json::parse(in);
+  // Under qemu (tests/dispatch/isa_emulated.sh; its AVX2 decodes about 20
+  // tokens a second) the first case of 200 tokens per KV type; natively all.
+  auto cases = golden["cases"];
+  if (test::emulated() && cases.size() > 1) cases = nlohmann::json::array({cases[0]});
   for (KvType kv_type : {KvType::f32, KvType::f16}) {
     EngineConfig cfg;
     cfg.n_threads = 1;
     cfg.kv_type = kv_type;
     auto e = make_engine(cfg);
-    for (const auto& c : golden["cases"]) {
+    for (const auto& c : cases) {
       auto s = e->submit(greedy_request(c["prompt_tokens"].get<std::vector<TokenId>>(), 200, 0));
       ASSERT_TRUE(s.ok());
       Sample got = collect(**s, 1)[0];

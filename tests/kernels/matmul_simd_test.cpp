@@ -986,9 +986,14 @@ TEST(Mxfp4, BlockQuantizeAndPackability) {
 
 TEST_F(KernelLevels, PackedMatchesItsModelBitForBit) {
   ThreadPool pool2(2), pool3(3);
+  // Emulated (test::emulated()): one shape, 45 x 96 (three row groups: a
+  // pair and a lone last one; three column blocks), every tile size below.
+  using Sizes = std::vector<int64_t>;
+  const Sizes row_counts = test::emulated() ? Sizes{45} : Sizes{45, 64, 300};
+  const Sizes col_counts = test::emulated() ? Sizes{96} : Sizes{96, 512};
   for (DType ty : kPackedTypes)
-  for (int64_t rows : {45, 64, 300}) {
-    for (int64_t cols : {96, 512}) {
+  for (int64_t rows : row_counts) {
+    for (int64_t cols : col_counts) {
       if (is_k(ty)) cols = cols == 96 ? 256 : 768;
       SCOPED_TRACE(dtype_name(ty));
       const Weights w = random_weights(ty, rows, cols, (uint64_t)(rows * cols));
@@ -1048,6 +1053,11 @@ TEST_F(KernelLevels, ManyProductsOfOneInputMatchOneByOneBitForBit) {
       {DType::iq4_xs, DType::q5_k, DType::bf16, DType::q4_1, DType::q5_0, DType::q5_1, DType::iq4_nl, DType::q3_k,
        DType::q2_k}};
   const int64_t cols = 512;
+  // Emulated (test::emulated()): the decode and a prefill-sized n, one or two threads.
+  const std::vector<int64_t> ns = test::emulated() ? std::vector<int64_t>{1, 16}
+                                                    : std::vector<int64_t>{1, 3, 16, 45};
+  std::vector<ThreadPool*> pools = {nullptr, &pool2};
+  if (!test::emulated()) pools.push_back(&pool3);
   for (const auto& types : groups) {
     std::vector<kernels::PackedMatrix> ps;
     for (size_t j = 0; j < types.size(); ++j) {
@@ -1055,11 +1065,11 @@ TEST_F(KernelLevels, ManyProductsOfOneInputMatchOneByOneBitForBit) {
       const Weights w = random_weights(types[j], rows, cols, 1000 + j);
       ps.push_back(kernels::PackedMatrix::pack(types[j], w.data.data(), rows, cols));
     }
-    for (int64_t n : {1, 3, 16, 45}) {
+    for (int64_t n : ns) {
       const auto x = activations(n, cols, 77 + (uint64_t)n);
       for (Isa isa : levels()) {
         ASSERT_EQ(kernels::set_isa(isa), isa);
-        for (ThreadPool* pool : {(ThreadPool*)nullptr, &pool2, &pool3}) {
+        for (ThreadPool* pool : pools) {
           std::vector<std::vector<float>> ys;
           std::vector<kernels::PackedProduct> pp;
           for (const auto& p : ps) ys.emplace_back((size_t)(n * p.rows()), -1.0f);

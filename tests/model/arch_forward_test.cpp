@@ -54,22 +54,13 @@ void expect_close(const Score& r, const std::string& what) {
   EXPECT_GT(r.gap_steps, r.total / 2) << what;  // most of the steps (120: three cases of 40) are decided
 }
 
-// Under the sanitizers (scripts/test-sanitize.sh sets SERVAL_SANITIZED) the
-// memory-safety check needs each code path once, not every golden case at
-// every level: the batched forward runs the best level only (every level's
-// kernels run under ASan in tests/kernels; the scalar level alone took two
-// minutes here), and the scalar reference forward (12x slower under ASan)
-// scores the first golden case. The release stage runs everything.
-bool sanitized() { return std::getenv("SERVAL_SANITIZED") != nullptr; }
-
-std::vector<Isa> levels_to_run() {
-  std::vector<Isa> levels = test::available_isa_levels();
-  if (sanitized() && levels.size() > 1) levels = {levels.back()};
-  return levels;
-}
-
+// Under the sanitizers (test::sanitized()) the memory-safety check needs each
+// code path once, not every golden case at every level: the batched forward
+// runs the best level only (test::forward_levels(); the scalar level alone
+// took two minutes there), and the scalar reference forward (12x slower under
+// ASan) scores the first golden case. The release stage runs everything.
 nlohmann::json cases_to_run(const nlohmann::json& cases) {
-  if (!sanitized() || cases.size() <= 1) return cases;
+  if (!test::sanitized() || cases.size() <= 1) return cases;
   return nlohmann::json::array({cases[0]});
 }
 
@@ -78,7 +69,7 @@ nlohmann::json cases_to_run(const nlohmann::json& cases) {
 TEST(ArchForward, BatchedForwardMatchesLlamaCppAtEveryLevel) {
   const auto g = golden();
   test::IsaGuard guard;
-  for (Isa isa : levels_to_run()) {
+  for (Isa isa : test::forward_levels()) {
     ASSERT_EQ(kernels::set_isa(isa), isa);
     for (const char* file : kFiles) {
       auto model = Model::load(kShared + "/models/arch/" + file);
