@@ -200,6 +200,9 @@ nlohmann::json to_json(const RunResult& r) {
           {"decode_step_tok_s", s.decode_step_seconds > 0 ? (double)s.decode_step_tokens / s.decode_step_seconds : 0.0},
           {"decode_steps", s.decode_steps},
           {"decode_step_tokens", s.decode_step_tokens},
+          // MoE: experts read per layer in those steps (0 for a dense model).
+          {"decode_step_experts_per_layer",
+           s.decode_step_moe_passes > 0 ? (double)s.decode_step_expert_reads / (double)s.decode_step_moe_passes : 0.0},
           {"kv_blocks_total", s.kv_blocks_total},
           {"kv_blocks_peak", s.kv_blocks_peak},
           {"kv_swa_blocks_total", s.kv_swa_blocks_total},
@@ -366,6 +369,10 @@ int cmd_bench(int argc, char** argv) {
       for (int64_t v : per) total += v;
       std::printf("  experts: %d, tokens routed per expert (all layers) min %lld mean %.1f max %lld\n",
                   r.stats.n_expert, (long long)*lo, (double)total / (double)per.size(), (long long)*hi);
+      if (r.stats.decode_step_moe_passes > 0)
+        std::printf("  decode-only steps read %.1f of %d experts per layer (%.1f tokens per step)\n",
+                    (double)r.stats.decode_step_expert_reads / (double)r.stats.decode_step_moe_passes,
+                    r.stats.n_expert, (double)r.stats.decode_step_tokens / (double)r.stats.decode_steps);
     }
     if (r.stats.spec_drafts > 0 || r.stats.spec_draft_tokens > 0)
       std::printf("  speculative: %lld drafts, %lld tokens drafted, %lld accepted (acceptance %.1f %%), "

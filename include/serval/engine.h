@@ -320,6 +320,11 @@ struct EngineStats {
   // rate (llama-batched-bench's S_TG), free of other requests' prefill.
   int64_t decode_steps = 0, decode_step_tokens = 0;
   double decode_step_seconds = 0;
+  // Mixture-of-experts models, in those decode-only steps: MoE layer passes
+  // and the expert weight sets they read (an expert routed any of a step's
+  // tokens is read once for all of them). reads / passes is the experts read
+  // per layer and step: n_expert_used at one sequence, up to n_expert.
+  int64_t decode_step_moe_passes = 0, decode_step_expert_reads = 0;
   // Embeddings: inputs and their tokens computed, embedding steps and their wall time.
   int64_t embed_inputs = 0, embed_tokens = 0, embed_steps = 0;
   double embed_seconds = 0;

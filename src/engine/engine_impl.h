@@ -182,6 +182,7 @@ struct Engine::Impl {
   std::vector<float> verify_scratch;
   double waste_sum = 0;
   int64_t waste_steps = 0;
+  int64_t moe_passes_seen = 0, expert_reads_seen = 0;  // the runner's counters at the last step's end
 
   mutable std::mutex stats_mu;
   EngineStats stats;

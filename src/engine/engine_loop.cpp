@@ -411,11 +411,16 @@ void Engine::Impl::account_step(const SchedulerOutput& out, const StepResult& st
   }
   const double step_s = (double)(step_end_ns - step_start_ns) * 1e-9;
   stats.step_seconds += step_s;
+  const int64_t moe_passes = runner->moe_layer_passes(), expert_reads = runner->expert_reads();
   if (step.prefill_computed == 0 && step.generated > 0) {
     stats.decode_steps++;
     stats.decode_step_tokens += step.generated;
     stats.decode_step_seconds += step_s;
+    stats.decode_step_moe_passes += moe_passes - moe_passes_seen;
+    stats.decode_step_expert_reads += expert_reads - expert_reads_seen;
   }
+  moe_passes_seen = moe_passes;
+  expert_reads_seen = expert_reads;
   stats.generated_tokens += step.generated;
   stats.prefill_tokens_computed += step.prefill_computed;
   stats.requests_finished += step.closed;

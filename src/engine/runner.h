@@ -72,6 +72,9 @@ class Runner {
   }
   // Mixture-of-experts models: tokens routed to each expert so far (BatchForward::expert_tokens).
   const std::vector<int64_t>& expert_tokens() const { return forward_.expert_tokens(); }
+  // The target forward's MoE layer passes and expert weight sets read (BatchForward::expert_reads).
+  int64_t moe_layer_passes() const { return forward_.moe_layer_passes(); }
+  int64_t expert_reads() const { return forward_.expert_reads(); }
 
  private:
   KvStorage& kv_;

@@ -84,12 +84,14 @@ void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm, const
     for (size_t r = 0; r < sel_.size(); ++r) group_rows_[(size_t)at[(size_t)sel_[r]]++] = (int64_t)r;
   }
   const int64_t layer = &l - model_.weights().layers.data();
+  ++moe_layer_passes_;
   moe_in_.resize((size_t)(2 * n * dim));  // an expert's m <= n gathered rows, then its m outputs
   moe_out_.resize((size_t)(n * k_used * dim));
   for (int64_t e = 0; e < ne; ++e) {
     const int64_t r0 = group_start_[(size_t)e], m = group_start_[(size_t)e + 1] - r0;
     if (m == 0) continue;
     expert_tokens_[(size_t)(layer * ne + e)] += m;
+    ++expert_reads_;
     float* xe = moe_in_.data();
     for (int64_t j = 0; j < m; ++j) {
       const int64_t i = group_rows_[(size_t)(r0 + j)] / k_used;

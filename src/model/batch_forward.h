@@ -82,6 +82,13 @@ class BatchForward {
   // Mixture-of-experts models: tokens routed to each expert since
   // construction, [n_layers * n_expert] (layer-major); empty otherwise.
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  // Mixture-of-experts models: MoE layer passes since construction, and the
+  // expert weight sets they read (each expert routed at least one of a
+  // pass's tokens is read once for all of them). reads / passes is the
+  // experts a step reads per layer: n_expert_used for one token, more for a
+  // batch (the bound on what batching saves).
+  int64_t moe_layer_passes() const { return moe_layer_passes_; }
+  int64_t expert_reads() const { return expert_reads_; }
 
  private:
   void ensure_capacity(int64_t n_tokens);
@@ -108,6 +115,7 @@ class BatchForward {
   std::vector<int32_t> sel_;
   std::vector<int64_t> group_start_, group_rows_;
   std::vector<int64_t> expert_tokens_;  // [n_layers, n_expert]: tokens routed, since construction
+  int64_t moe_layer_passes_ = 0, expert_reads_ = 0;
 };
 
 }  // namespace serval

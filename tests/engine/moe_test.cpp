@@ -93,3 +93,42 @@ void check_batch_invariance(const std::string& file, bool spec) {
 TEST(MoeEngine, Qwen3MoeBatchInvariance) { check_batch_invariance("mini-qwen3moe-F16.gguf", false); }
 TEST(MoeEngine, GptOssBatchInvariance) { check_batch_invariance("mini-gpt-oss-F16.gguf", false); }
 TEST(MoeEngine, Qwen3MoeBatchInvarianceSpeculative) { check_batch_invariance("mini-qwen3moe-F16.gguf", true); }
+
+// EngineStats' decode-only-step expert reads (what `bench throughput` prints
+// as experts read per layer): one sequence reads exactly its n_expert_used
+// experts in every MoE layer of every decode step; eight sequences at once
+// read more than that (different tokens route differently) but fewer than
+// eight times as many: 8 tokens x 2 slots over 8 experts must share one
+// (pigeonhole), and each expert is read once for all its tokens.
+TEST(MoeEngine, DecodeStepsCountTheExpertsTheyRead) {
+  const Loaded& m = shared_model("arch/mini-qwen3moe-F16.gguf");
+  const auto& mc = m.model->config();
+  ASSERT_EQ(mc.n_expert, 8);
+  ASSERT_EQ(mc.n_expert_used, 2);
+  const int gen = 12;
+  const auto prompts = mixed_prompts();
+  EngineConfig cfg;
+  cfg.n_threads = 2;
+  cfg.enable_prefix_caching = false;
+  {
+    auto e = std::move(Engine::create(m.model, *m.tok, cfg).value());
+    collect(**e->submit(greedy_request(prompts[1], gen)), 1);
+    const EngineStats st = settled_stats(*e);
+    ASSERT_EQ(st.decode_steps, gen - 1);
+    EXPECT_EQ(st.decode_step_moe_passes, st.decode_steps * mc.n_layers);
+    EXPECT_EQ(st.decode_step_expert_reads, st.decode_step_moe_passes * mc.n_expert_used);
+  }
+  auto e = std::move(Engine::create(m.model, *m.tok, cfg).value());
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  e->pause();
+  for (int i = 0; i < 8; ++i) streams.push_back(*e->submit(greedy_request(prompts[(size_t)i], gen)));
+  e->resume();
+  for (auto& s : streams) collect(*s, 1);
+  const EngineStats st = settled_stats(*e);
+  ASSERT_GT(st.decode_steps, 0);
+  EXPECT_EQ(st.decode_step_moe_passes, st.decode_steps * mc.n_layers);
+  EXPECT_GT(st.decode_step_tokens, st.decode_steps);  // steps of several sequences
+  EXPECT_GT(st.decode_step_expert_reads, st.decode_step_moe_passes * mc.n_expert_used);
+  EXPECT_LE(st.decode_step_expert_reads, st.decode_step_moe_passes * mc.n_expert);
+  EXPECT_LT(st.decode_step_expert_reads, st.decode_step_tokens * mc.n_layers * mc.n_expert_used);
+}
