@@ -371,8 +371,7 @@ int cmd_bench(int argc, char** argv) {
                   r.stats.n_expert, (long long)*lo, (double)total / (double)per.size(), (long long)*hi);
       if (r.stats.decode_step_moe_passes > 0)
         std::printf("  decode-only steps read %.1f of %d experts per layer (%.1f tokens per step)\n",
-                    (double)r.stats.decode_step_expert_reads / (double)r.stats.decode_step_moe_passes,
-                    r.stats.n_expert, (double)r.stats.decode_step_tokens / (double)r.stats.decode_steps);
+                    (double)j["decode_step_experts_per_layer"], r.stats.n_expert, (double)r.stats.decode_step_tokens / (double)r.stats.decode_steps);
     }
     if (r.stats.spec_drafts > 0 || r.stats.spec_draft_tokens > 0)
       std::printf("  speculative: %lld drafts, %lld tokens drafted, %lld accepted (acceptance %.1f %%), "
