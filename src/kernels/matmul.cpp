@@ -565,6 +565,174 @@ void matmul_many(const PackedProduct* products, size_t count, const float* x, in
   pool->parallel_for(units, rows_of, std::max<int64_t>(1, kMinChunkMacs / per_unit));
 }
 
+void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* pool) {
+  const detail::KernelTable* tab = table();
+  struct Part {
+    detail::MatmulKernel k;
+    detail::MatmulTask task;
+    const int64_t* rows;  // gathered from source `src`'s quantized rows; else its own
+    int src;
+    int64_t u1;      // end of its 16-row units in the joint index
+    size_t act_off;  // its quantized rows in the scratch buffer
+  };
+  // An input that products gather rows from, quantized once per format.
+  struct Source {
+    const float* x;
+    detail::MatmulKernel k;
+    int64_t cols, n;  // rows [0, n) of x
+    size_t act_off;
+  };
+  // Items of the quantization pass: rows [q0, q1) of the joint index are rows
+  // [0, q1 - q0) of x, quantized for k, to act + act_off.
+  struct QuantRun {
+    const float* x;
+    detail::MatmulKernel k;
+    int64_t cols, q1;
+    size_t act_off, stride;
+  };
+  // (The caller's scratch: a thread_local named inside the lambdas below
+  // would be each worker's own, so they reach it through these references.)
+  thread_local std::vector<Part> parts_tl;
+  thread_local std::vector<Source> sources_tl;
+  thread_local std::vector<QuantRun> runs_tl;
+  std::vector<Part>& parts = parts_tl;
+  std::vector<Source>& sources = sources_tl;
+  std::vector<QuantRun>& runs = runs_tl;
+  parts.clear();
+  sources.clear();
+  runs.clear();
+  bool fused = tab != nullptr;
+  int64_t units = 0, macs = 0;
+  size_t act_bytes = 0;
+  auto take = [&act_bytes](size_t bytes) {
+    const size_t at = act_bytes;
+    act_bytes += (bytes + 63) / 64 * 64;
+    return at;
+  };
+  for (size_t j = 0; j < count && fused; ++j) {
+    const GroupedProduct& gp = products[j];
+    if (gp.n <= 0 || gp.w->rows() <= 0) continue;
+    Part pt;
+    pt.k = tab->packed_kernel(gp.w->type());
+    if (pt.k.fn == nullptr) {
+      fused = false;
+      break;
+    }
+    const int64_t cols = gp.w->cols();
+    pt.task = detail::MatmulTask{.w = gp.w->data(), .w_stride = gp.w->group_bytes(), .rows = gp.w->rows(),
+                                 .cols = cols, .x = gp.x, .n = gp.n, .y = gp.y};
+    units += (gp.w->rows() + 15) / 16;
+    pt.u1 = units;
+    macs += gp.w->rows() * cols * gp.n;
+    pt.rows = nullptr;
+    pt.src = -1;
+    if (pt.k.act == detail::ActKind::f32) {
+      if (gp.rows) {  // reads X as given: gather it in F32 (not a case the forward has)
+        fused = false;
+        break;
+      }
+    } else {
+      pt.task.act_stride = packed_act_row_bytes(pt.k, cols);
+      pt.act_off = take(pt.task.act_stride * (size_t)gp.n);
+      if (gp.rows) {
+        pt.rows = gp.rows;
+        int64_t n_src = 0;
+        for (int64_t i = 0; i < gp.n; ++i) n_src = std::max(n_src, gp.rows[i] + 1);
+        for (size_t s = 0; s < sources.size() && pt.src < 0; ++s)
+          if (sources[s].x == gp.x && sources[s].k.act == pt.k.act && sources[s].k.act_offset == pt.k.act_offset &&
+              sources[s].cols == cols)
+            pt.src = (int)s;
+        if (pt.src < 0) {
+          pt.src = (int)sources.size();
+          sources.push_back({gp.x, pt.k, cols, 0, 0});
+        }
+        sources[(size_t)pt.src].n = std::max(sources[(size_t)pt.src].n, n_src);
+      }
+    }
+    parts.push_back(pt);
+  }
+  if (!fused) {
+    // One by one (rows gathered in F32 first where given).
+    thread_local std::vector<float> gathered;
+    for (size_t j = 0; j < count; ++j) {
+      const GroupedProduct& gp = products[j];
+      if (gp.n <= 0) continue;
+      const float* x = gp.x;
+      if (gp.rows) {
+        const int64_t cols = gp.w->cols();
+        gathered.resize((size_t)(gp.n * cols));
+        for (int64_t i = 0; i < gp.n; ++i)
+          std::memcpy(gathered.data() + i * cols, gp.x + gp.rows[i] * cols, (size_t)cols * sizeof(float));
+        x = gathered.data();
+      }
+      matmul(*gp.w, x, gp.n, gp.y, pool);
+    }
+    return;
+  }
+  if (parts.empty()) return;
+  const bool parallel = pool != nullptr && pool->n_threads() > 1;
+
+  // What to quantize: each source once, then the rows of each product that
+  // has its own X.
+  int64_t q_rows = 0, q_elems = 0;
+  for (Source& s : sources) {
+    const size_t stride = packed_act_row_bytes(s.k, s.cols);
+    s.act_off = take(stride * (size_t)s.n);
+    q_rows += s.n;
+    q_elems += s.n * s.cols;
+    runs.push_back({s.x, s.k, s.cols, q_rows, s.act_off, stride});
+  }
+  for (const Part& pt : parts)
+    if (pt.k.act != detail::ActKind::f32 && pt.rows == nullptr) {
+      q_rows += pt.task.n;
+      q_elems += pt.task.n * pt.task.cols;
+      runs.push_back({pt.task.x, pt.k, pt.task.cols, q_rows, pt.act_off, pt.task.act_stride});
+    }
+  uint8_t* act = act_bytes > 0 ? act_scratch(act_bytes) : nullptr;
+  for (Part& pt : parts)
+    if (pt.k.act != detail::ActKind::f32) pt.task.act = act + pt.act_off;
+  if (q_rows > 0) {
+    // Rows are independent, so any split gives the same bytes.
+    auto quantize = [&](int64_t q0, int64_t q1) {
+      auto it = std::upper_bound(runs.begin(), runs.end(), q0,
+                                 [](int64_t v, const QuantRun& r) { return v < r.q1; });
+      for (; it != runs.end() && q0 < q1; ++it) {
+        const int64_t first = it == runs.begin() ? 0 : (it - 1)->q1;
+        const int64_t hi = std::min(q1, it->q1);
+        quantize_packed_act(tab, it->k, it->x, it->cols, q0 - first, hi - first, act + it->act_off);
+        q0 = hi;
+      }
+    };
+    if (parallel && q_rows >= 2 && q_elems >= (1 << 15)) pool->parallel_for(q_rows, quantize);
+    else quantize(0, q_rows);
+    // The gathering products' rows, copied from their sources' (a few KB each).
+    for (const Part& pt : parts)
+      if (pt.rows) {
+        const Source& s = sources[(size_t)pt.src];
+        for (int64_t i = 0; i < pt.task.n; ++i)
+          std::memcpy(act + pt.act_off + (size_t)i * pt.task.act_stride,
+                      act + s.act_off + (size_t)pt.rows[i] * pt.task.act_stride, pt.task.act_stride);
+      }
+  }
+
+  auto rows_of = [&](int64_t u0, int64_t u1) {
+    auto it = std::upper_bound(parts.begin(), parts.end(), u0, [](int64_t v, const Part& p) { return v < p.u1; });
+    for (; it != parts.end(); ++it) {
+      const Part& pt = *it;
+      const int64_t first = pt.u1 - (pt.task.rows + 15) / 16;
+      if (first >= u1) break;
+      const int64_t lo = std::max(u0, first), hi = std::min(u1, pt.u1);
+      pt.k.fn(pt.task, (lo - first) * 16, std::min(pt.task.rows, (hi - first) * 16));
+    }
+  };
+  if (!parallel) {
+    rows_of(0, units);
+    return;
+  }
+  const int64_t per_unit = std::max<int64_t>(1, macs / units);
+  pool->parallel_for(units, rows_of, std::max<int64_t>(1, kMinChunkMacs / per_unit));
+}
+
 void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,
                int64_t kv_stride, int64_t n_ctx, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, float scale,
                float* out, float* scratch) {

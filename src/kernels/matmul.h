@@ -115,6 +115,27 @@ struct PackedProduct {
 // to the workers and one wait, not one per product). Every W has X's cols.
 void matmul_many(const PackedProduct* products, size_t count, const float* x, int64_t n, ThreadPool* pool);
 
+// One product of matmul_grouped: Y = W X with its own packed W, its own X
+// ([n, W.cols()] F32) and its own Y ([n, W.rows()]). With `rows`, row i of X
+// is row rows[i] of x (the rows of the tokens that chose an expert): products
+// that gather from the same x quantize each of its rows once between them.
+struct GroupedProduct {
+  const PackedMatrix* w;
+  const float* x;
+  int64_t n;
+  float* y;
+  const int64_t* rows = nullptr;
+};
+
+// Many products of different inputs (a mixture-of-experts layer: each
+// expert's matrices times the rows of the tokens that chose it), each Y bit for
+// bit what matmul(*w, x, n, y, pool) gives, with two hand-offs to the pool in
+// all instead of two per product: one parallel_for quantizes every product's
+// activation rows, one runs every product's weight rows (one index of 16-row
+// units over all of them, so that a thread streams several experts' matrices
+// back to back instead of half of each). Products with n == 0 are skipped.
+void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* pool);
+
 // Fixed-order F32 dot product (8 interleaved partial sums, then pairwise).
 float dot_f32(const float* a, const float* b, int64_t n);
 

@@ -59,9 +59,14 @@ BatchForward::BatchForward(const Model& model, KvStorage& kv, ThreadPool* pool)
 // independent of the other rows (kernels/matmul.h), and a token sums its
 // experts' outputs in its own routing order, so a token's result does not
 // depend on which other tokens share its experts (batch invariance).
+// With every expert matrix packed, all experts' gate and up products run in one
+// kernels::matmul_grouped, and all down products in another: two hand-offs to
+// the pool per layer instead of two per expert, and each thread streams whole
+// runs of experts' matrices (the same bits as one product at a time).
 // In: xn_ [n, dim] (the FFN's normed input). Out: proj_ [n, dim].
 template <class MM, class MMSame>
-void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm, const MMSame& mm_same_input) {
+void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm, const MMSame& mm_same_input,
+                           ThreadPool* pool) {
   const ModelConfig& c = model_.config();
   const int64_t dim = c.dim, ne = c.n_expert, k_used = c.n_expert_used, ff = c.expert_ffn_dim;
   router_.resize((size_t)(n * ne));
@@ -74,54 +79,126 @@ void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm, const
       for (int64_t e = 0; e < ne; ++e) lg[e] += l.router_bias[(size_t)e];
     blocks::route(c, lg, sel_.data() + i * k_used, sel_w_.data() + i * k_used);
   }
-  // Rows of each expert, in token order: (token i, slot k) as i * k_used + k.
+  // Rows of each expert, in token order: (token i, slot k) as i * k_used + k;
+  // group_pos_ maps such a row to its place in group order.
+  const int64_t total = n * k_used;
   group_start_.assign((size_t)(ne + 1), 0);
   for (int32_t e : sel_) ++group_start_[(size_t)e + 1];
   for (int64_t e = 0; e < ne; ++e) group_start_[(size_t)e + 1] += group_start_[(size_t)e];
-  group_rows_.resize(sel_.size());
+  group_rows_.resize((size_t)total);
+  group_pos_.resize((size_t)total);
   {
     std::vector<int64_t> at(group_start_.begin(), group_start_.end() - 1);
-    for (size_t r = 0; r < sel_.size(); ++r) group_rows_[(size_t)at[(size_t)sel_[r]]++] = (int64_t)r;
+    for (int64_t r = 0; r < total; ++r) {
+      const int64_t g = at[(size_t)sel_[(size_t)r]]++;
+      group_rows_[(size_t)g] = r;
+      group_pos_[(size_t)r] = g;
+    }
   }
   const int64_t layer = &l - model_.weights().layers.data();
   ++moe_layer_passes_;
-  moe_in_.resize((size_t)(2 * n * dim));  // an expert's m <= n gathered rows, then its m outputs
-  moe_out_.resize((size_t)(n * k_used * dim));
-  for (int64_t e = 0; e < ne; ++e) {
-    const int64_t r0 = group_start_[(size_t)e], m = group_start_[(size_t)e + 1] - r0;
-    if (m == 0) continue;
+  // The token of each row in group order.
+  group_tok_.resize((size_t)total);
+  for (int64_t g = 0; g < total; ++g) group_tok_[(size_t)g] = group_rows_[(size_t)g] / k_used;
+  moe_out_.resize((size_t)(total * dim));
+  if ((int64_t)gate_.size() < total * ff) {
+    gate_.resize((size_t)(total * ff));
+    up_.resize((size_t)(total * ff));
+    hidden_.resize((size_t)(total * ff));
+  }
+  bool grouped = true;
+  for (int64_t e = 0; e < ne && grouped; ++e)
+    if (group_start_[(size_t)e + 1] > group_start_[(size_t)e])
+      grouped = l.exp_gate[(size_t)e].packed && l.exp_up[(size_t)e].packed && l.exp_down[(size_t)e].packed;
+  // Every row's input gathered in group order, where the products (one at a
+  // time) or the observer take it that way; the grouped call gathers the
+  // quantized rows itself.
+  if (!grouped || observer_) {
+    moe_in_.resize((size_t)(total * dim));
+    for (int64_t g = 0; g < total; ++g)
+      std::memcpy(moe_in_.data() + g * dim, xn_.data() + group_tok_[(size_t)g] * dim, (size_t)dim * sizeof(float));
+  }
+  // (expert, first row, rows) of each expert some token chose.
+  auto for_each_expert = [&](auto&& fn) {
+    for (int64_t e = 0; e < ne; ++e) {
+      const int64_t r0 = group_start_[(size_t)e], m = group_start_[(size_t)e + 1] - r0;
+      if (m > 0) fn(e, r0, m);
+    }
+  };
+  for_each_expert([&](int64_t e, int64_t, int64_t m) {
     expert_tokens_[(size_t)(layer * ne + e)] += m;
     ++expert_reads_;
-    float* xe = moe_in_.data();
-    for (int64_t j = 0; j < m; ++j) {
-      const int64_t i = group_rows_[(size_t)(r0 + j)] / k_used;
-      std::memcpy(xe + j * dim, xn_.data() + i * dim, (size_t)dim * sizeof(float));
-    }
-    mm_same_input({{&l.exp_gate[(size_t)e], gate_.data()}, {&l.exp_up[(size_t)e], up_.data()}}, xe, m, nullptr);
-    if (!l.exp_gate_b.empty())
-      for (int64_t j = 0; j < m; ++j)
+  });
+
+  // gate and up, all experts.
+  if (grouped) {
+    moe_products_.clear();
+    for_each_expert([&](int64_t e, int64_t r0, int64_t m) {
+      if (observer_) {
+        (*observer_)(l.exp_gate[(size_t)e], moe_in_.data() + r0 * dim, m);
+        (*observer_)(l.exp_up[(size_t)e], moe_in_.data() + r0 * dim, m);
+      }
+      const int64_t* toks = group_tok_.data() + r0;
+      moe_products_.push_back({l.exp_gate[(size_t)e].packed.get(), xn_.data(), m, gate_.data() + r0 * ff, toks});
+      moe_products_.push_back({l.exp_up[(size_t)e].packed.get(), xn_.data(), m, up_.data() + r0 * ff, toks});
+    });
+    kernels::matmul_grouped(moe_products_.data(), moe_products_.size(), pool);
+  } else {
+    for_each_expert([&](int64_t e, int64_t r0, int64_t m) {
+      mm_same_input({{&l.exp_gate[(size_t)e], gate_.data() + r0 * ff}, {&l.exp_up[(size_t)e], up_.data() + r0 * ff}},
+                    moe_in_.data() + r0 * dim, m, nullptr);
+    });
+  }
+  if (!l.exp_gate_b.empty())
+    for_each_expert([&](int64_t e, int64_t r0, int64_t m) {
+      for (int64_t j = r0; j < r0 + m; ++j)
         for (int64_t f = 0; f < ff; ++f) {
           gate_[(size_t)(j * ff + f)] += l.exp_gate_b[(size_t)(e * ff + f)];
           up_[(size_t)(j * ff + f)] += l.exp_up_b[(size_t)(e * ff + f)];
         }
-    blocks::gated_act_fast(c.block.act, hidden_.data(), gate_.data(), up_.data(), m * ff);
-    float* de = moe_in_.data() + m * dim;  // after the gathered rows
-    mm(l.exp_down[(size_t)e], hidden_.data(), m, de);
-    for (int64_t j = 0; j < m; ++j) {
-      float* dst = moe_out_.data() + group_rows_[(size_t)(r0 + j)] * dim;
-      const float* src = de + j * dim;
-      if (!l.exp_down_b.empty())
-        for (int64_t d = 0; d < dim; ++d) dst[d] = src[d] + l.exp_down_b[(size_t)(e * dim + d)];
-      else std::memcpy(dst, src, (size_t)dim * sizeof(float));
-    }
+    });
+  {
+    // Element by element (any split gives the same bits), as the dense FFN.
+    constexpr int64_t kPiece = 4096;
+    const int64_t count = total * ff;
+    auto act = [&](int64_t b, int64_t e) {
+      const int64_t i0 = b * kPiece, i1 = std::min(count, e * kPiece);
+      blocks::gated_act_fast(c.block.act, hidden_.data() + i0, gate_.data() + i0, up_.data() + i0, i1 - i0);
+    };
+    const int64_t pieces = (count + kPiece - 1) / kPiece;
+    if (pool) pool->parallel_for(pieces, act, 8);
+    else act(0, pieces);
   }
+  // down, all experts.
+  if (grouped) {
+    moe_products_.clear();
+    for_each_expert([&](int64_t e, int64_t r0, int64_t m) {
+      const float* he = hidden_.data() + r0 * ff;
+      if (observer_) (*observer_)(l.exp_down[(size_t)e], he, m);
+      moe_products_.push_back({l.exp_down[(size_t)e].packed.get(), he, m, moe_out_.data() + r0 * dim});
+    });
+    kernels::matmul_grouped(moe_products_.data(), moe_products_.size(), pool);
+  } else {
+    for_each_expert([&](int64_t e, int64_t r0, int64_t m) {
+      mm(l.exp_down[(size_t)e], hidden_.data() + r0 * ff, m, moe_out_.data() + r0 * dim);
+    });
+  }
+  // Each token's experts' outputs (plus their biases), weighted, in its
+  // routing order.
   for (int64_t i = 0; i < n; ++i) {
     float* out = proj_.data() + i * dim;
     for (int64_t k = 0; k < k_used; ++k) {
-      const float w = sel_w_[(size_t)(i * k_used + k)];
-      const float* y = moe_out_.data() + (i * k_used + k) * dim;
-      if (k == 0) for (int64_t d = 0; d < dim; ++d) out[d] = w * y[d];
-      else for (int64_t d = 0; d < dim; ++d) out[d] += w * y[d];
+      const int64_t r = i * k_used + k;
+      const float w = sel_w_[(size_t)r];
+      const float* y = moe_out_.data() + group_pos_[(size_t)r] * dim;
+      const float* b = l.exp_down_b.empty() ? nullptr : l.exp_down_b.data() + sel_[(size_t)r] * dim;
+      if (b) {
+        if (k == 0) for (int64_t d = 0; d < dim; ++d) out[d] = w * (y[d] + b[d]);
+        else for (int64_t d = 0; d < dim; ++d) out[d] += w * (y[d] + b[d]);
+      } else {
+        if (k == 0) for (int64_t d = 0; d < dim; ++d) out[d] = w * y[d];
+        else for (int64_t d = 0; d < dim; ++d) out[d] += w * y[d];
+      }
     }
   }
 }
@@ -472,7 +549,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     for (int64_t i = 0; i < n; ++i)
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.ffn_norm.data(), dim, c.rms_eps);
     if (c.block.moe) {
-      moe_ffn(l, n, mm, mm_same_input);
+      moe_ffn(l, n, mm, mm_same_input, pool);
     } else {
       mm_same_input({{&l.w_gate, gate_.data()}, {&l.w_up, up_.data()}}, xn_.data(), n, tok_loras);
       {

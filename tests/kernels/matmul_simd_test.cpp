@@ -1087,6 +1087,107 @@ TEST_F(KernelLevels, ManyProductsOfOneInputMatchOneByOneBitForBit) {
   }
 }
 
+// matmul_grouped (products of different inputs: a MoE layer's experts, each
+// with its own tokens' rows) gives each product the bytes matmul gives it
+// alone: many products of one type (decode: one or two rows each, and a
+// product of no rows, skipped), mixed activation formats and cols (Q8_0P
+// beside Q8_K, F16 reading X as given), every level and thread count.
+TEST_F(KernelLevels, GroupedProductsOfOwnInputsMatchOneByOneBitForBit) {
+  ThreadPool pool2(2), pool3(3);
+  struct Spec {
+    DType t;
+    int64_t rows, cols, n;
+  };
+  const std::vector<std::vector<Spec>> groups = {
+      // 12 experts of one format, 1-3 rows each, one of none.
+      {{DType::q4_0, 96, 256, 1}, {DType::q4_0, 96, 256, 2}, {DType::q4_0, 96, 256, 0}, {DType::q4_0, 96, 256, 3},
+       {DType::q4_0, 96, 256, 1}, {DType::q4_0, 96, 256, 1}, {DType::q4_0, 96, 256, 2}, {DType::q4_0, 96, 256, 1},
+       {DType::q4_0, 96, 256, 1}, {DType::q4_0, 96, 256, 3}, {DType::q4_0, 96, 256, 1}, {DType::q4_0, 96, 256, 2}},
+      // Mixed formats, rows that are not a multiple of 16, other cols.
+      {{DType::q4_k, 40, 512, 5}, {DType::q8_0, 300, 256, 1}, {DType::q6_k, 64, 256, 17}, {DType::f16, 33, 128, 4},
+       {DType::iq4_xs, 48, 256, 2}, {DType::q4_0, 17, 64, 9}},
+  };
+  std::vector<ThreadPool*> pools = {nullptr, &pool2};
+  if (!test::emulated()) pools.push_back(&pool3);
+  for (const auto& specs : groups) {
+    std::vector<kernels::PackedMatrix> ps;
+    std::vector<std::vector<float>> xs;
+    for (size_t j = 0; j < specs.size(); ++j) {
+      const Spec& sp = specs[j];
+      const Weights w = random_weights(sp.t, sp.rows, sp.cols, 2000 + j);
+      ps.push_back(kernels::PackedMatrix::pack(sp.t, w.data.data(), sp.rows, sp.cols));
+      xs.push_back(activations(std::max<int64_t>(sp.n, 1), sp.cols, 300 + j));
+    }
+    for (Isa isa : levels()) {
+      ASSERT_EQ(kernels::set_isa(isa), isa);
+      for (ThreadPool* pool : pools) {
+        std::vector<std::vector<float>> ys;
+        std::vector<kernels::GroupedProduct> gp;
+        for (size_t j = 0; j < specs.size(); ++j) ys.emplace_back((size_t)(std::max<int64_t>(specs[j].n, 1) * specs[j].rows), -1.0f);
+        for (size_t j = 0; j < specs.size(); ++j) gp.push_back({&ps[j], xs[j].data(), specs[j].n, ys[j].data()});
+        kernels::matmul_grouped(gp.data(), gp.size(), pool);
+        for (size_t j = 0; j < specs.size(); ++j) {
+          if (specs[j].n == 0) {  // untouched
+            EXPECT_EQ(ys[j][0], -1.0f) << isa_name(isa) << " product " << j;
+            continue;
+          }
+          const auto alone = run_packed(ps[j], xs[j], specs[j].n, pool);
+          EXPECT_EQ(std::memcmp(ys[j].data(), alone.data(), alone.size() * 4), 0)
+              << isa_name(isa) << " " << dtype_name(specs[j].t) << " product " << j << " n=" << specs[j].n
+              << " threads " << (pool ? pool->n_threads() : 1);
+        }
+      }
+    }
+  }
+}
+
+// Products that gather their rows from one shared input (a MoE layer's gate
+// and up: each expert's tokens' rows of the normed input) get the bytes
+// matmul gives them on the gathered rows: the shared rows are quantized once
+// per activation format (Q4_0's and Q8_0's offsets differ; Q4_K's Q8_K),
+// beside a product with its own X; and with an F16 product among them (X
+// read as given: the call goes one product at a time).
+TEST_F(KernelLevels, GroupedProductsGatheringSharedRowsMatchOneByOneBitForBit) {
+  ThreadPool pool2(2);
+  const int64_t cols = 256, n_src = 9;
+  const auto src = activations(n_src, cols, 4242);
+  const std::vector<std::vector<int64_t>> picks = {{0, 3}, {1}, {2, 5, 8}, {8}, {0, 1, 2, 3, 4, 5, 6, 7, 8}, {4, 6}};
+  for (const std::vector<DType>& types : std::vector<std::vector<DType>>{
+           {DType::q4_0, DType::q8_0, DType::q4_k, DType::q4_0, DType::q6_k, DType::q8_0},
+           {DType::q4_0, DType::f16, DType::q4_0, DType::q4_0, DType::q4_0, DType::q4_0}}) {
+    std::vector<kernels::PackedMatrix> ps;
+    for (size_t j = 0; j < types.size(); ++j) {
+      const Weights w = random_weights(types[j], 48, cols, 5000 + j);
+      ps.push_back(kernels::PackedMatrix::pack(types[j], w.data.data(), 48, cols));
+    }
+    const auto own = activations(3, cols, 99);  // the last product's own X
+    for (Isa isa : levels()) {
+      ASSERT_EQ(kernels::set_isa(isa), isa);
+      for (ThreadPool* pool : {(ThreadPool*)nullptr, &pool2}) {
+        std::vector<std::vector<float>> ys;
+        std::vector<kernels::GroupedProduct> gp;
+        for (size_t j = 0; j < ps.size(); ++j) {
+          const bool is_own = j + 1 == ps.size();
+          const int64_t n = is_own ? 3 : (int64_t)picks[j].size();
+          ys.emplace_back((size_t)(n * 48), -1.0f);
+          gp.push_back({&ps[j], is_own ? own.data() : src.data(), n, ys[j].data(), is_own ? nullptr : picks[j].data()});
+        }
+        kernels::matmul_grouped(gp.data(), gp.size(), pool);
+        for (size_t j = 0; j < ps.size(); ++j) {
+          std::vector<float> x;
+          if (gp[j].rows == nullptr) x = own;
+          else
+            for (int64_t r : picks[j]) x.insert(x.end(), src.begin() + r * cols, src.begin() + (r + 1) * cols);
+          const auto alone = run_packed(ps[j], x, gp[j].n, pool);
+          EXPECT_EQ(std::memcmp(ys[j].data(), alone.data(), alone.size() * 4), 0)
+              << isa_name(isa) << " " << dtype_name(types[j]) << " product " << j
+              << " threads " << (pool ? pool->n_threads() : 1);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(KernelLevels, PackedWithinFormatBound) {
   for (DType t : kPackedTypes) {
     const Weights w = make_weights(t, 40, is_k(t) ? 768 : 800, 31);
