@@ -603,7 +603,7 @@ void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* po
   runs.clear();
   bool fused = tab != nullptr;
   int64_t units = 0, macs = 0;
-  size_t act_bytes = 0;
+  size_t act_bytes = 0, f32_floats = 0;
   auto take = [&act_bytes](size_t bytes) {
     const size_t at = act_bytes;
     act_bytes += (bytes + 63) / 64 * 64;
@@ -627,9 +627,10 @@ void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* po
     pt.rows = nullptr;
     pt.src = -1;
     if (pt.k.act == detail::ActKind::f32) {
-      if (gp.rows) {  // reads X as given: gather it in F32 (not a case the forward has)
-        fused = false;
-        break;
+      if (gp.rows) {  // reads X as given: its rows gathered in F32 (below)
+        pt.rows = gp.rows;
+        pt.act_off = f32_floats;
+        f32_floats += (size_t)(gp.n * cols);
       }
     } else {
       pt.task.act_stride = packed_act_row_bytes(pt.k, cols);
@@ -671,6 +672,20 @@ void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* po
   }
   if (parts.empty()) return;
   const bool parallel = pool != nullptr && pool->n_threads() > 1;
+  if (f32_floats > 0) {
+    // F16/BF16/F32 weights gathering rows: their F32 rows, copied.
+    thread_local std::vector<float> gathered_tl;
+    std::vector<float>& gathered = gathered_tl;
+    if (gathered.size() < f32_floats) gathered.resize(f32_floats);
+    for (Part& pt : parts)
+      if (pt.rows && pt.k.act == detail::ActKind::f32) {
+        float* dst = gathered.data() + pt.act_off;
+        for (int64_t i = 0; i < pt.task.n; ++i)
+          std::memcpy(dst + i * pt.task.cols, pt.task.x + pt.rows[i] * pt.task.cols,
+                      (size_t)pt.task.cols * sizeof(float));
+        pt.task.x = dst;
+      }
+  }
 
   // What to quantize: each source once, then the rows of each product that
   // has its own X.
@@ -707,7 +722,7 @@ void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* po
     else quantize(0, q_rows);
     // The gathering products' rows, copied from their sources' (a few KB each).
     for (const Part& pt : parts)
-      if (pt.rows) {
+      if (pt.rows && pt.src >= 0) {
         const Source& s = sources[(size_t)pt.src];
         for (int64_t i = 0; i < pt.task.n; ++i)
           std::memcpy(act + pt.act_off + (size_t)i * pt.task.act_stride,

@@ -1146,7 +1146,7 @@ TEST_F(KernelLevels, GroupedProductsOfOwnInputsMatchOneByOneBitForBit) {
 // matmul gives them on the gathered rows: the shared rows are quantized once
 // per activation format (Q4_0's and Q8_0's offsets differ; Q4_K's Q8_K),
 // beside a product with its own X; and with an F16 product among them (X
-// read as given: the call goes one product at a time).
+// read as given: its rows gathered in F32).
 TEST_F(KernelLevels, GroupedProductsGatheringSharedRowsMatchOneByOneBitForBit) {
   ThreadPool pool2(2);
   const int64_t cols = 256, n_src = 9;
