@@ -12,7 +12,8 @@
 // (one command line). matmul/<type>x16/... rows multiply with
 // kernels::PackedMatrix copies, as the model does for packable types;
 // layer/<type>x16/{qkv,gate_up}/... time a layer's products of one input
-// one by one against one kernels::matmul_many call.
+// one by one against one kernels::matmul_many call; moe/<type>x16/128x8/...
+// a MoE layer's chosen experts one by one against kernels::matmul_grouped.
 // (the "_min" rows: the least disturbed run; the time-based counters of the
 // "_median"/"_min" rows are per-run rates as well.)
 #include <benchmark/benchmark.h>
@@ -277,6 +278,96 @@ void bm_lora(benchmark::State& state, Isa isa, int64_t rows, int64_t cols, int a
   state.SetBytesProcessed((int64_t)state.iterations() * (int64_t)(set * 2));
 }
 
+// A MoE layer's experts, the Qwen3-30B-A3B shape (128 experts: gate and up
+// 768 x 2048, down 2048 x 768; 8 used per token), packed, for n tokens each
+// routed to 8 distinct experts drawn at random (seeded; 16 such routings
+// in turn, so the weights come from DRAM): `grouped` runs all
+// gate/up products in one kernels::matmul_grouped and all down products in
+// another, as BatchForward::moe_ffn does; else one matmul_many (gate, up) and
+// one matmul (down) per chosen expert, as it did before. The SwiGLU between
+// them is left out (the same in both). Bytes: the chosen experts' weights.
+void bm_moe(benchmark::State& state, DType t, int64_t n, bool grouped) {
+  if (kernels::set_isa(Isa::avx512vnni) != Isa::avx512vnni) {
+    state.SkipWithError("kernel level not supported on this CPU");
+    return;
+  }
+  constexpr int64_t kExperts = 128, kUsed = 8, kDim = 2048, kFf = 768;
+  static std::string key;
+  static std::vector<kernels::PackedMatrix> gate, up, down;
+  if (key != dtype_name(t)) {
+    key = dtype_name(t);
+    gate.clear();
+    up.clear();
+    down.clear();
+    const auto g = make_matrix(t, kFf, kDim), d = make_matrix(t, kDim, kFf);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      gate.push_back(kernels::PackedMatrix::pack(t, g->copy((int)(e % g->copies)), kFf, kDim));
+      up.push_back(kernels::PackedMatrix::pack(t, g->copy((int)((e + 1) % g->copies)), kFf, kDim));
+      down.push_back(kernels::PackedMatrix::pack(t, d->copy((int)(e % d->copies)), kDim, kFf));
+    }
+  }
+  // kRoutings routings, cycled, so that successive iterations read other
+  // experts (from DRAM, as a decode step does); in each, the rows of each
+  // expert (token indices) in token order.
+  constexpr int kRoutings = 16;
+  std::vector<std::vector<std::vector<int64_t>>> routing(kRoutings, std::vector<std::vector<int64_t>>(kExperts));
+  std::vector<size_t> routing_bytes(kRoutings, 0);
+  uint64_t s = 11;
+  for (int k = 0; k < kRoutings; ++k) {
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<int64_t> chosen;
+      while ((int64_t)chosen.size() < kUsed) {
+        const int64_t e = (int64_t)(mix(++s) % kExperts);
+        if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+      }
+      for (int64_t e : chosen) routing[(size_t)k][(size_t)e].push_back(i);
+    }
+    for (int64_t e = 0; e < kExperts; ++e)
+      if (!routing[(size_t)k][(size_t)e].empty())
+        routing_bytes[(size_t)k] += gate[(size_t)e].bytes() + up[(size_t)e].bytes() + down[(size_t)e].bytes();
+  }
+  std::vector<float> x((size_t)(n * kDim)), gathered((size_t)(n * kUsed * kDim));
+  for (auto& v : x) v = (float)((double)(mix(++s) >> 11) * 0x1.0p-53 - 0.5);
+  std::vector<float> gy((size_t)(n * kUsed * kFf)), uy(gy.size()), h(gy.size(), 0.01f), dy((size_t)(n * kUsed * kDim));
+  std::vector<kernels::GroupedProduct> gu, dn;
+  int64_t bytes = 0;
+  int k = 0;
+  for (auto _ : state) {
+    const auto& toks = routing[(size_t)k];
+    bytes += (int64_t)routing_bytes[(size_t)k];
+    if (++k == kRoutings) k = 0;
+    int64_t r0 = 0;
+    if (grouped) {
+      gu.clear();
+      dn.clear();
+      for (int64_t e = 0; e < kExperts; ++e) {
+        const int64_t m = (int64_t)toks[(size_t)e].size();
+        if (m == 0) continue;
+        gu.push_back({&gate[(size_t)e], x.data(), m, gy.data() + r0 * kFf, toks[(size_t)e].data()});
+        gu.push_back({&up[(size_t)e], x.data(), m, uy.data() + r0 * kFf, toks[(size_t)e].data()});
+        dn.push_back({&down[(size_t)e], h.data() + r0 * kFf, m, dy.data() + r0 * kDim});
+        r0 += m;
+      }
+      kernels::matmul_grouped(gu.data(), gu.size(), &pool());
+      kernels::matmul_grouped(dn.data(), dn.size(), &pool());
+    } else {
+      for (int64_t e = 0; e < kExperts; ++e) {
+        const int64_t m = (int64_t)toks[(size_t)e].size();
+        if (m == 0) continue;
+        for (int64_t j = 0; j < m; ++j)
+          std::memcpy(gathered.data() + j * kDim, x.data() + toks[(size_t)e][(size_t)j] * kDim, kDim * sizeof(float));
+        kernels::PackedProduct pp[2] = {{&gate[(size_t)e], gy.data() + r0 * kFf}, {&up[(size_t)e], uy.data() + r0 * kFf}};
+        kernels::matmul_many(pp, 2, gathered.data(), m, &pool());
+        kernels::matmul(down[(size_t)e], h.data() + r0 * kFf, m, dy.data() + r0 * kDim, &pool());
+        r0 += m;
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(bytes);
+  state.counters["threads"] = pool().n_threads();
+}
+
 // On a shared machine other processes only ever slow a run down: with
 // --benchmark_repetitions the min is the figure to compare (besides the median).
 double min_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()); }
@@ -321,6 +412,26 @@ int register_all() {
               ->UseRealTime()
               ->ComputeStatistics("min", min_of);
         }
+  // The MoE router (F32, 128 experts x 2048), which llama.cpp's files keep unquantized.
+  for (int64_t n : {1, 16}) {
+    if (!isa_supported(Isa::avx512vnni, cpu_features())) break;
+    const std::string name = "matmul/f32/128x2048/n" + std::to_string(n) + "/avx512vnni";
+    benchmark::RegisterBenchmark(name.c_str(), bm_matmul, Isa::avx512vnni, DType::f32, 128, 2048, n, false)
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime()
+        ->ComputeStatistics("min", min_of);
+  }
+  for (DType t : {DType::q4_0, DType::q4_k})
+    for (int64_t n : {1, 16, 128})
+      for (bool grouped : {false, true}) {
+        if (!isa_supported(Isa::avx512vnni, cpu_features())) break;
+        const std::string name = "moe/" + std::string(dtype_name(t)) + "x16/128x8/n" + std::to_string(n) + "/" +
+                                 (grouped ? "grouped" : "one_by_one");
+        benchmark::RegisterBenchmark(name.c_str(), bm_moe, t, n, grouped)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime()
+            ->ComputeStatistics("min", min_of);
+      }
   for (int64_t ctx : {128, 1024})
     for (Isa isa : isas) {
       if (!isa_supported(isa, cpu_features())) continue;

@@ -118,10 +118,23 @@ uint8_t* act_scratch(size_t bytes) {
   return buf.data() + ((64 - (p & 63)) & 63);
 }
 
+// The work of one 16-row unit for the split into chunks: its multiply-adds,
+// but at least kMacsPerWeightByte per weight byte it streams. A decode step
+// reads each weight once, so its time goes with the bytes: F32 weights take
+// 4 bytes per multiply-add, and kMinChunkMacs of them (1 MB, about 80 µs on
+// one core) kept the 128 x 2048 F32 router of a MoE layer on one thread
+// while the other waited. (One byte streamed costs about as long as 8-12
+// int8 multiply-adds on this class of machine.)
+constexpr int64_t kMacsPerWeightByte = 8;
+int64_t unit_work(int64_t macs, size_t bytes) {
+  return std::max<int64_t>({1, macs, kMacsPerWeightByte * (int64_t)bytes});
+}
+
 // Runs fn over all rows, split over the pool in units of 16 rows (a multiple of
-// every tile height and the packed group size), at least ~256K multiply-adds
-// per chunk so that small matrices stay on one thread.
-void run_rows(detail::MatmulRowsFn fn, const detail::MatmulTask& task, ThreadPool* pool) {
+// every tile height and the packed group size), at least kMinChunkMacs of work
+// (unit_work) per chunk so that small matrices stay on one thread.
+// unit_bytes: the weight bytes of 16 rows.
+void run_rows(detail::MatmulRowsFn fn, const detail::MatmulTask& task, size_t unit_bytes, ThreadPool* pool) {
   constexpr int64_t kUnit = 16;
   const int64_t rows = task.rows;
   if (pool == nullptr) {
@@ -129,7 +142,7 @@ void run_rows(detail::MatmulRowsFn fn, const detail::MatmulTask& task, ThreadPoo
     return;
   }
   const int64_t units = (rows + kUnit - 1) / kUnit;
-  const int64_t per_unit = std::max<int64_t>(1, kUnit * task.cols * task.n);
+  const int64_t per_unit = unit_work(kUnit * task.cols * task.n, unit_bytes);
   const int64_t grain = std::max<int64_t>(1, kMinChunkMacs / per_unit);
   pool->parallel_for(
       units, [&](int64_t u0, int64_t u1) { fn(task, u0 * kUnit, std::min(rows, u1 * kUnit)); }, grain);
@@ -212,7 +225,7 @@ void matmul(DType t, const void* w, int64_t rows, int64_t cols, const float* x, 
     else quantize(0, n);
   }
 
-  run_rows(k.fn, task, parallel ? pool : nullptr);
+  run_rows(k.fn, task, 16 * task.w_stride, parallel ? pool : nullptr);
 }
 
 namespace {
@@ -462,7 +475,7 @@ void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPo
                           .y = y};
   const bool parallel = pool != nullptr && pool->n_threads() > 1;
   if (k.act == detail::ActKind::f32) {
-    run_rows(k.fn, task, parallel ? pool : nullptr);
+    run_rows(k.fn, task, w.group_bytes(), parallel ? pool : nullptr);
     return;
   }
   task.act_stride = packed_act_row_bytes(k, cols);
@@ -471,7 +484,7 @@ void matmul(const PackedMatrix& w, const float* x, int64_t n, float* y, ThreadPo
   auto quantize = [&](int64_t i0, int64_t i1) { quantize_packed_act(tab, k, x, cols, i0, i1, act); };
   if (parallel && n * cols >= (1 << 18)) pool->parallel_for(n, quantize);
   else quantize(0, n);
-  run_rows(k.fn, task, parallel ? pool : nullptr);
+  run_rows(k.fn, task, w.group_bytes(), parallel ? pool : nullptr);
 }
 
 void matmul_many(const PackedProduct* products, size_t count, const float* x, int64_t n, ThreadPool* pool) {
@@ -561,7 +574,9 @@ void matmul_many(const PackedProduct* products, size_t count, const float* x, in
     rows_of(0, units);
     return;
   }
-  const int64_t per_unit = std::max<int64_t>(1, 16 * cols * n);
+  size_t bytes = 0;
+  for (size_t j = 0; j < count; ++j) bytes += products[j].w->bytes();
+  const int64_t per_unit = unit_work(16 * cols * n, bytes / (size_t)units);
   pool->parallel_for(units, rows_of, std::max<int64_t>(1, kMinChunkMacs / per_unit));
 }
 
@@ -603,7 +618,7 @@ void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* po
   runs.clear();
   bool fused = tab != nullptr;
   int64_t units = 0, macs = 0;
-  size_t act_bytes = 0, f32_floats = 0;
+  size_t act_bytes = 0, f32_floats = 0, bytes = 0;
   auto take = [&act_bytes](size_t bytes) {
     const size_t at = act_bytes;
     act_bytes += (bytes + 63) / 64 * 64;
@@ -624,6 +639,7 @@ void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* po
     units += (gp.w->rows() + 15) / 16;
     pt.u1 = units;
     macs += gp.w->rows() * cols * gp.n;
+    bytes += gp.w->bytes();
     pt.rows = nullptr;
     pt.src = -1;
     if (pt.k.act == detail::ActKind::f32) {
@@ -744,7 +760,7 @@ void matmul_grouped(const GroupedProduct* products, size_t count, ThreadPool* po
     rows_of(0, units);
     return;
   }
-  const int64_t per_unit = std::max<int64_t>(1, macs / units);
+  const int64_t per_unit = unit_work(macs / units, bytes / (size_t)units);
   pool->parallel_for(units, rows_of, std::max<int64_t>(1, kMinChunkMacs / per_unit));
 }
 
