@@ -8,7 +8,8 @@ prints per file and test the median t/s of every engine, serval's ratio to each
 peer and to the best peer, and, for generation, the share of the bandwidth
 bound (file bytes x tokens/s against the measured read bandwidth: a decode
 step reads every weight once, so the file size is the bytes per token up to
-the embedding rows and the KV cache).
+the embedding rows and the KV cache; for a mixture-of-experts file, only
+expert_used_count / expert_count of the expert tensors count).
 
   python3 bench/compare.py --serval build/serval \\
       --peer ik=../peer/ik/build/bin/llama-bench \\
@@ -74,6 +75,29 @@ def run_bench(cmd, model, args, timeout):
         figures[test] = float(row["avg_ts"])
         size = int(row.get("model_size", size))
     return figures, size
+
+
+def moe_unread_bytes(serval, model):
+    """Bytes of a mixture-of-experts file that one decoded token does not read:
+    (1 - expert_used_count / expert_count) of its *_exps tensors, from `serval
+    gguf info`. 0 for a dense file, or when the file cannot be read that way."""
+    try:
+        res = subprocess.run([serval, "gguf", "info", model], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    count = used = None
+    exps = 0
+    for line in res.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 3 and f[0].endswith(".expert_count"):
+            count = int(f[2])
+        elif len(f) >= 3 and f[0].endswith(".expert_used_count"):
+            used = int(f[2])
+        elif len(f) >= 4 and "_exps." in f[0] and "bytes" in f:
+            exps += int(f[f.index("bytes") - 1])
+    if not count or not used or used > count:
+        return 0
+    return exps * (count - used) // count
 
 
 def roofline(path, threads, mb):
@@ -168,6 +192,7 @@ def main():
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     out = []
+    unread_of = {}  # model -> MoE expert bytes a token does not read
     for model in args.model:
         for test in sorted(samples.get(model, {})):
             per = samples[model][test]
@@ -182,7 +207,8 @@ def main():
             cells += [f"{row['ratio'][n]:.2f}×" if n in row["ratio"] else "—" for n in names]
             cells.append(f"{row['ratio_best']:.2f}× ({best_peer})" if row["ratio_best"] else "—")
             if test.startswith("tg") and bw:
-                share = {e: sizes[model][e] * med[e] / 1e9 / bw for e in med if sizes[model].get(e)}
+                unread = unread_of.setdefault(model, moe_unread_bytes(args.serval, model))
+                share = {e: (sizes[model][e] - unread) * med[e] / 1e9 / bw for e in med if sizes[model].get(e)}
                 row["share_of_bound"] = share
                 cells.append(f"{100 * share['serval']:.0f} %" if "serval" in share else "—")
                 cells.append(f"{100 * share[best_peer]:.0f} %" if best_peer in share else "—")
