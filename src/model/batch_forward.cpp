@@ -45,6 +45,21 @@ AttnMode attn_mode() {
   return m;
 }
 
+// hidden = act(gate) * up over count elements, element by element (any split
+// gives the same bits), split over the pool from a batch's worth (16 x 5632:
+// ~3 % of a 16-sequence step on one thread).
+void gated_act_split(FfnActivation act, float* hidden, const float* gate, const float* up, int64_t count,
+                     ThreadPool* pool) {
+  constexpr int64_t kPiece = 4096;
+  auto run = [&](int64_t b, int64_t e) {
+    const int64_t i0 = b * kPiece, i1 = std::min(count, e * kPiece);
+    blocks::gated_act_fast(act, hidden + i0, gate + i0, up + i0, i1 - i0);
+  };
+  const int64_t pieces = (count + kPiece - 1) / kPiece;
+  if (pool) pool->parallel_for(pieces, run, 8);
+  else run(0, pieces);
+}
+
 }  // namespace
 
 BatchForward::BatchForward(const Model& model, KvStorage& kv, ThreadPool* pool)
@@ -79,27 +94,25 @@ void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm, const
       for (int64_t e = 0; e < ne; ++e) lg[e] += l.router_bias[(size_t)e];
     blocks::route(c, lg, sel_.data() + i * k_used, sel_w_.data() + i * k_used);
   }
-  // Rows of each expert, in token order: (token i, slot k) as i * k_used + k;
-  // group_pos_ maps such a row to its place in group order.
+  // Group order: the (token i, slot k) rows, r = i * k_used + k, by expert,
+  // then token. group_pos_[r]: r's place in it; group_tok_[g]: the token of
+  // its row g.
   const int64_t total = n * k_used;
   group_start_.assign((size_t)(ne + 1), 0);
   for (int32_t e : sel_) ++group_start_[(size_t)e + 1];
   for (int64_t e = 0; e < ne; ++e) group_start_[(size_t)e + 1] += group_start_[(size_t)e];
-  group_rows_.resize((size_t)total);
   group_pos_.resize((size_t)total);
+  group_tok_.resize((size_t)total);
   {
     std::vector<int64_t> at(group_start_.begin(), group_start_.end() - 1);
     for (int64_t r = 0; r < total; ++r) {
       const int64_t g = at[(size_t)sel_[(size_t)r]]++;
-      group_rows_[(size_t)g] = r;
       group_pos_[(size_t)r] = g;
+      group_tok_[(size_t)g] = r / k_used;
     }
   }
   const int64_t layer = &l - model_.weights().layers.data();
   ++moe_layer_passes_;
-  // The token of each row in group order.
-  group_tok_.resize((size_t)total);
-  for (int64_t g = 0; g < total; ++g) group_tok_[(size_t)g] = group_rows_[(size_t)g] / k_used;
   moe_out_.resize((size_t)(total * dim));
   if ((int64_t)gate_.size() < total * ff) {
     gate_.resize((size_t)(total * ff));
@@ -157,18 +170,7 @@ void BatchForward::moe_ffn(const LayerWeights& l, int64_t n, const MM& mm, const
           up_[(size_t)(j * ff + f)] += l.exp_up_b[(size_t)(e * ff + f)];
         }
     });
-  {
-    // Element by element (any split gives the same bits), as the dense FFN.
-    constexpr int64_t kPiece = 4096;
-    const int64_t count = total * ff;
-    auto act = [&](int64_t b, int64_t e) {
-      const int64_t i0 = b * kPiece, i1 = std::min(count, e * kPiece);
-      blocks::gated_act_fast(c.block.act, hidden_.data() + i0, gate_.data() + i0, up_.data() + i0, i1 - i0);
-    };
-    const int64_t pieces = (count + kPiece - 1) / kPiece;
-    if (pool) pool->parallel_for(pieces, act, 8);
-    else act(0, pieces);
-  }
+  gated_act_split(c.block.act, hidden_.data(), gate_.data(), up_.data(), total * ff, pool);
   // down, all experts.
   if (grouped) {
     moe_products_.clear();
@@ -552,16 +554,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       moe_ffn(l, n, mm, mm_same_input, pool);
     } else {
       mm_same_input({{&l.w_gate, gate_.data()}, {&l.w_up, up_.data()}}, xn_.data(), n, tok_loras);
-      {
-        // Element by element, so any split gives the same bits; a batch's
-        // worth (16 x 5632: ~3 % of a 16-sequence step on one thread) is split.
-        constexpr int64_t kPiece = 4096;
-        const int64_t count = n * c.ffn_dim;
-        par((count + kPiece - 1) / kPiece, [&](int64_t b, int64_t e) {
-          const int64_t i0 = b * kPiece, i1 = std::min(count, e * kPiece);
-          blocks::gated_act_fast(c.block.act, hidden_.data() + i0, gate_.data() + i0, up_.data() + i0, i1 - i0);
-        }, 8);
-      }
+      gated_act_split(c.block.act, hidden_.data(), gate_.data(), up_.data(), n * c.ffn_dim, pool);
       if (tp) {
         SERVAL_RETURN_IF_ERROR(tp_gather(hidden_.data(), n, c.ffn_dim, tp_full_));
         mm(l.w_down, tp_full_.data(), n, tp_part_.data());

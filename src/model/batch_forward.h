@@ -111,13 +111,13 @@ class BatchForward {
   Status tp_gather(const float* local, int64_t n, int64_t w, std::vector<float>& full);
   std::vector<float> cs_full_, cs_swa_;  // RoPE cos/sin per token, [n_tokens, rope_dim]
   // Mixture of experts: router logits [n, n_expert], each token's experts and
-  // weights [n, n_used], the rows of each expert's group (group order: the
-  // (token, slot) rows by expert, then token), the inverse map, each group
-  // row's token, and the gathered inputs and the outputs, both
+  // weights [n, n_used], where each expert's group starts in group order (the
+  // (token, slot) rows by expert, then token), each row's place in it, each
+  // group row's token, and the gathered inputs and the outputs, both
   // [n * n_used, dim] in group order.
   std::vector<float> router_, sel_w_, moe_in_, moe_out_;
   std::vector<int32_t> sel_;
-  std::vector<int64_t> group_start_, group_rows_, group_pos_, group_tok_;
+  std::vector<int64_t> group_start_, group_pos_, group_tok_;
   std::vector<kernels::GroupedProduct> moe_products_;
   std::vector<int64_t> expert_tokens_;  // [n_layers, n_expert]: tokens routed, since construction
   int64_t moe_layer_passes_ = 0, expert_reads_ = 0;
