@@ -308,6 +308,11 @@ struct Avx2 {
       return {_mm256_dpwssd_avx_epi32(acc.lo, a.lo, b.lo), _mm256_dpwssd_avx_epi32(acc.hi, a.hi, b.hi)};
     return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(a.lo, b.lo)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(a.hi, b.hi))};
   }
+  // Each i32 lane's low i16 alone (high half cleared).
+  static SERVAL_SIMD_INLINE I lo16(I v) {
+    const __m256i m = _mm256_set1_epi32(0xFFFF);
+    return {_mm256_and_si256(v.lo, m), _mm256_and_si256(v.hi, m)};
+  }
   static SERVAL_SIMD_INLINE I iset1(int32_t v) { return {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; }
   static SERVAL_SIMD_INLINE I u8x16_i32(const uint8_t* p) {
     return {_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)),

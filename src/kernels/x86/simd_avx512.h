@@ -318,6 +318,8 @@ struct Avx512 {
     if constexpr (kVnni) return _mm512_dpwssd_epi32(acc, a, b);
     else return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
   }
+  // Each i32 lane's low i16 alone (high half cleared).
+  static SERVAL_SIMD_INLINE I lo16(I v) { return _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)); }
   static SERVAL_SIMD_INLINE I iset1(int32_t v) { return _mm512_set1_epi32(v); }
   // 16 bytes -> 16 i32 lanes.
   static SERVAL_SIMD_INLINE I u8x16_i32(const uint8_t* p) {
