@@ -28,7 +28,7 @@ struct Avx2 {
   static constexpr int kAttnHeads = 1;
   static constexpr int kX16C = 2;
   // Packed F16/BF16 tiles: row groups (n == 1 / n > 1) x activation rows.
-  static constexpr int kFX16RGV = 2, kFX16RG = 1, kFX16C = 4;
+  static constexpr int kFX16RGV = 2, kFX16RG = 1, kFX16C = 4, kFX16CW = 4;
 
   // First m (0..8) i32 lanes set.
   static SERVAL_SIMD_INLINE __m256i lane_mask(int m) {
