@@ -41,7 +41,7 @@ struct Avx512 {
   static constexpr int kX16C = SERVAL_T_X16C;  // activation rows per packed (X16) tile
   // Packed F16/BF16 tiles: row groups (n == 1 / n > 1) x activation rows.
 #ifndef SERVAL_T_FX16CW  // tuning knob: F16/BF16 prefill tile width (packed_f.inc)
-#define SERVAL_T_FX16CW 12
+#define SERVAL_T_FX16CW 14
 #endif
   static constexpr int kFX16RGV = 4, kFX16RG = 2, kFX16C = 8, kFX16CW = SERVAL_T_FX16CW;
 
