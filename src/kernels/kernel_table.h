@@ -62,6 +62,8 @@ struct MatmulKernel {
 //                                16 + 4k..16 + 4k + 3; Q5: qs[b][4][4 * l + j]
 //                                bit k = the fifth bit of element 4k + j;
 //                                Q8_0: qs[b][k][4 * l + j] = element 4k + j
+//                                plus 128 (biased to unsigned, as vpdpbusd
+//                                takes it: no per-use flip in the VNNI tiles)
 //   uint16_t d[16]           F16 scale of row l's block b at d[b][l]
 //   uint16_t m[16]           F16 min (Q4_1, Q5_1)
 // 64-byte loads stay aligned. MatmulTask::w_stride is the bytes of a group.

@@ -290,6 +290,9 @@ void x16_put(DType t, uint8_t* group, int64_t b, int l, const uint8_t* blk) {
   const int nk = f.qh >= 0 ? 4 : (int)(f.qs_bytes / 64);
   uint8_t* q = group + x16_qs_at(f, b);
   for (int k = 0; k < nk; ++k) std::memcpy(q + 64 * k + 4 * l, blk + f.qs + 4 * k, 4);
+  if (t == DType::q8_0)  // stored biased: element + 128 as an unsigned byte (kernel_table.h)
+    for (int k = 0; k < nk; ++k)
+      for (int j = 0; j < 4; ++j) q[64 * k + 4 * l + j] ^= 0x80;
   if (f.qh >= 0) {
     uint32_t qh;
     std::memcpy(&qh, blk + f.qh, 4);
@@ -313,6 +316,8 @@ void x16_get(DType t, const uint8_t* group, int64_t b, int l, uint8_t* blk) {
   const int nk = f.qh >= 0 ? 4 : (int)(f.qs_bytes / 64);
   const uint8_t* q = group + x16_qs_at(f, b);
   for (int k = 0; k < nk; ++k) std::memcpy(blk + f.qs + 4 * k, q + 64 * k + 4 * l, 4);
+  if (t == DType::q8_0)
+    for (int k = 0; k < 4 * nk; ++k) blk[f.qs + k] ^= 0x80;
   if (f.qh >= 0) {
     uint32_t qh = 0;
     for (int j = 0; j < 4; ++j)
