@@ -2,6 +2,9 @@
 
 #include <bit>
 
+#include "kernels/activation_isa.h"
+#include "kernels/matmul.h"
+
 namespace serval::kernels {
 
 namespace {
@@ -47,6 +50,14 @@ void gelu(float* x, int64_t n) {
 }
 
 void silu_mul(float* out, const float* gate, const float* up, int64_t n) {
+  // The SIMD levels: the same bits, 16 lanes at a time (activation_isa.h).
+  switch (active_isa()) {
+    case Isa::ref: break;
+    case Isa::avx2:
+    case Isa::avx2vnni: return detail::silu_mul_avx2()(out, gate, up, n);
+    case Isa::avx512:
+    case Isa::avx512vnni: return detail::silu_mul_avx512()(out, gate, up, n);
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i], u = up[i];
     // Selects, as in gelu: a NaN gate gives a NaN t, which the clamps turn

@@ -406,6 +406,17 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     if (pool) pool->parallel_for(count, fn, grain);
     else fn(0, count);
   };
+  // Runs fn(i) for each token row i: on the pool when there are enough rows
+  // to share (a row's norm or RoPE takes microseconds; one hand-off costs about
+  // as much), else here. Each row's result is computed the same way wherever.
+  auto each_row = [&](const std::function<void(int64_t)>& fn) {
+    if (pool && n >= 4)
+      pool->parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) fn(i);
+      });
+    else
+      for (int64_t i = 0; i < n; ++i) fn(i);
+  };
   const float scale = c.query_scale();
 
   // Block pointers per sequence, refreshed per layer.
@@ -451,10 +462,13 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
     const ref::RopeSpec& layer_rope = c.is_swa(il) ? rope_local : rope_full;
     const int32_t window = c.window(il);
     const bool in_swa_pool = swa_pool && g.in_swa_pool((int32_t)il);
-    for (int64_t i = 0; i < n; ++i)
+    each_row([&](int64_t i) {
       ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.attn_norm.data(), dim, c.rms_eps);
+    });
     mm_same_input({{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}}, xn_.data(), n, tok_loras);
-    for (int64_t i = 0; i < n; ++i) {
+    // Each token's biases, norms, RoPE and K/V write touch only its own rows
+    // and its own cache slot.
+    each_row([&](int64_t i) {
       float* q = q_.data() + i * q_dim;
       float* k = k_.data() + i * kv_dim;
       float* v = v_.data() + i * kv_dim;
@@ -475,7 +489,7 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       const int64_t slot = pos % g.block_size;
       kernels::kv_store_row(g.type, k, kv_dim, kv_.k((int32_t)il, blk) + slot * row_bytes);
       kernels::kv_store_row(g.type, v, kv_dim, kv_.v((int32_t)il, blk) + slot * row_bytes);
-    }
+    });
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       const auto& table = in_swa_pool ? batch.seqs[s].swa_block_table : batch.seqs[s].block_table;
       kb[s].resize(table.size());
@@ -543,13 +557,13 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < wo_rows; ++j) wo_out[(size_t)(i * wo_rows + j)] += l.bo[(size_t)j];
     if (tp) SERVAL_RETURN_IF_ERROR(tp_gather(tp_part_.data(), n, wo_rows, proj_));
-    if (c.block.post_attn_norm)
-      for (int64_t i = 0; i < n; ++i)
-        ref::rmsnorm(proj_.data() + i * dim, proj_.data() + i * dim, l.post_attn_norm.data(), dim, c.rms_eps);
-    for (int64_t i = 0; i < n * dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
-
-    for (int64_t i = 0; i < n; ++i)
-      ref::rmsnorm(xn_.data() + i * dim, x_.data() + i * dim, l.ffn_norm.data(), dim, c.rms_eps);
+    each_row([&](int64_t i) {
+      float* p = proj_.data() + i * dim;
+      float* x = x_.data() + i * dim;
+      if (c.block.post_attn_norm) ref::rmsnorm(p, p, l.post_attn_norm.data(), dim, c.rms_eps);
+      for (int64_t j = 0; j < dim; ++j) x[j] += p[j];
+      ref::rmsnorm(xn_.data() + i * dim, x, l.ffn_norm.data(), dim, c.rms_eps);
+    });
     if (c.block.moe) {
       moe_ffn(l, n, mm, mm_same_input, pool);
     } else {
@@ -563,10 +577,12 @@ Status BatchForward::forward(const Batch& batch, std::vector<float>* logits, std
         mm(l.w_down, hidden_.data(), n, proj_.data(), tok_loras);
       }
     }
-    if (c.block.post_ffn_norm)
-      for (int64_t i = 0; i < n; ++i)
-        ref::rmsnorm(proj_.data() + i * dim, proj_.data() + i * dim, l.post_ffn_norm.data(), dim, c.rms_eps);
-    for (int64_t i = 0; i < n * dim; ++i) x_[(size_t)i] += proj_[(size_t)i];
+    each_row([&](int64_t i) {
+      float* p = proj_.data() + i * dim;
+      float* x = x_.data() + i * dim;
+      if (c.block.post_ffn_norm) ref::rmsnorm(p, p, l.post_ffn_norm.data(), dim, c.rms_eps);
+      for (int64_t j = 0; j < dim; ++j) x[j] += p[j];
+    });
   }
 
   // Final norm and output projection for the rows that need logits.

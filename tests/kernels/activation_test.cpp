@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "kernels/activation.h"
 #include "kernels/ref/ops.h"
+#include "kernels/isa_levels.h"
 
 namespace serval {
 namespace {
@@ -81,6 +83,37 @@ TEST(Activation, SiluMulMatchesReference) {
   ref::swiglu(want.data(), gate.data(), up.data(), 3);
   kernels::silu_mul(up.data(), gate.data(), up.data(), 3);
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(up[(size_t)i], want[(size_t)i], 4e-7f * std::fabs(want[(size_t)i]) + 1e-30f);
+}
+
+// The SIMD levels' silu_mul (kernels/x86/activation_tmpl.inc) against the
+// scalar loop (the ref level), bit for bit: the clamps' ends, NaN, infinities,
+// signed zeros, subnormals, and lengths that leave a masked tail.
+TEST(Activation, SiluMulSameBitsAtEveryLevel) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> g, u;
+  for (float v = -90.0f; v <= 90.0f; v += 0.0913f) g.push_back(v);
+  for (float v : {0.0f, -0.0f, 1e-40f, -1e-40f, 80.0f, -80.0f, 79.99999f, -79.99999f, 80.00001f, -80.00001f,
+                  87.0f, -87.0f, 1e30f, -1e30f, inf, -inf, std::numeric_limits<float>::quiet_NaN()})
+    g.push_back(v);
+  for (size_t i = 0; i < g.size(); ++i) u.push_back(i % 7 == 0 ? -0.0f : 1.25f - 0.013f * (float)(i % 97));
+  const Isa keep = kernels::active_isa();
+  kernels::set_isa(Isa::ref);
+  std::vector<float> want(g.size());
+  kernels::silu_mul(want.data(), g.data(), u.data(), (int64_t)g.size());
+  for (Isa level : test::available_isa_levels()) {
+    if (level == Isa::ref) continue;
+    kernels::set_isa(level);
+    for (int64_t n : {(int64_t)g.size(), (int64_t)1, (int64_t)15, (int64_t)17, (int64_t)33}) {
+      std::vector<float> got((size_t)n, 7.0f);
+      kernels::silu_mul(got.data(), g.data() + g.size() - (size_t)n, u.data() + u.size() - (size_t)n, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t j = g.size() - (size_t)n + (size_t)i;
+        EXPECT_EQ(std::memcmp(&got[(size_t)i], &want[j], 4), 0)
+            << isa_name(level) << " n = " << n << " gate = " << g[j] << ": " << got[(size_t)i] << " vs " << want[j];
+      }
+    }
+  }
+  kernels::set_isa(keep);
 }
 
 }  // namespace

@@ -130,6 +130,12 @@ struct Avx2 {
     for (int d = 0; d < 16; ++d) r[d] = fload(o[d]);
   }
   static SERVAL_SIMD_INLINE F fmax(F a, F b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  static SERVAL_SIMD_INLINE F fmin(F a, F b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+  static SERVAL_SIMD_INLINE F fdiv(F a, F b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+  static SERVAL_SIMD_INLINE F fsel_lt(F a, F b, F x, F y) {
+    return {_mm256_blendv_ps(y.lo, x.lo, _mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ)),
+            _mm256_blendv_ps(y.hi, x.hi, _mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ))};
+  }
   static SERVAL_SIMD_INLINE float hmax(F v) {
     const __m256 m8 = _mm256_max_ps(v.lo, v.hi);
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));

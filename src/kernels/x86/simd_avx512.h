@@ -152,6 +152,13 @@ struct Avx512 {
   }
   static SERVAL_SIMD_INLINE F fabs(F v) { return _mm512_abs_ps(v); }
   static SERVAL_SIMD_INLINE F fmax(F a, F b) { return _mm512_max_ps(a, b); }
+  // a < b ? a : b and a > b ? a : b lane by lane (minps/maxps: b where either is NaN).
+  static SERVAL_SIMD_INLINE F fmin(F a, F b) { return _mm512_min_ps(a, b); }
+  static SERVAL_SIMD_INLINE F fdiv(F a, F b) { return _mm512_div_ps(a, b); }
+  // a < b ? x : y lane by lane (false where either of a, b is NaN).
+  static SERVAL_SIMD_INLINE F fsel_lt(F a, F b, F x, F y) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+  }
   static SERVAL_SIMD_INLINE float hmax(F v) { return _mm512_reduce_max_ps(v); }
   // [a x 8, b x 8]
   static SERVAL_SIMD_INLINE F f_halves(float a, float b) {
