@@ -5,6 +5,9 @@
 // ("token": what a per-token kernel costs), and for f32 also through the
 // previous per-token F32 kernel kernels::attention ("legacy"). items/s = query
 // tokens per second on one thread; tile/token is the multi-query gain.
+// "small/..." runs stories260K's shape instead (8 query heads, 4 KV heads,
+// head_dim 8): a decode token at a short context, where the kernel's per-chunk
+// work (K transpose, softmax bookkeeping) outweighs its arithmetic.
 //
 //   serval_attention_bench --benchmark_filter='q8_0/m16/' --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
@@ -25,12 +28,18 @@ namespace {
 
 using namespace serval;
 
-constexpr int32_t kHeads = 32, kKvHeads = 4, kHeadDim = 64, kBlock = 16;
+constexpr int32_t kBlock = 16;
+
+struct Shape {
+  int32_t heads, kv_heads, head_dim;
+};
+constexpr Shape kTinyLlama{32, 4, 64}, kStories{8, 4, 8};
 
 enum class Mode { tile, token, legacy };
 
-void bm_tile(benchmark::State& state, Isa isa, KvType type, int32_t m, int64_t n_ctx, Mode mode) {
+void bm_tile(benchmark::State& state, Shape shape, Isa isa, KvType type, int32_t m, int64_t n_ctx, Mode mode) {
   kernels::set_isa(isa);
+  const int32_t kHeads = shape.heads, kKvHeads = shape.kv_heads, kHeadDim = shape.head_dim;
   const int32_t kv_dim = kKvHeads * kHeadDim, q_dim = kHeads * kHeadDim;
   const size_t row = kv_row_bytes(type, kv_dim);
   const int64_t nb = (n_ctx + kBlock - 1) / kBlock;
@@ -57,7 +66,7 @@ void bm_tile(benchmark::State& state, Isa isa, KvType type, int32_t m, int64_t n
   t.n_heads = kHeads;
   t.n_kv_heads = kKvHeads;
   t.head_dim = kHeadDim;
-  t.scale = 0.125f;
+  t.scale = 1.0f / std::sqrt((float)kHeadDim);
   t.out_stride = q_dim;
   const int64_t p0 = n_ctx - m;
   std::vector<const float*> kf, vf;
@@ -70,7 +79,7 @@ void bm_tile(benchmark::State& state, Isa isa, KvType type, int32_t m, int64_t n
     if (mode == Mode::legacy) {
       for (int32_t i = 0; i < m; ++i)
         kernels::attention(q.data() + i * q_dim, kf.data(), vf.data(), kBlock, kv_dim, p0 + i + 1, kHeads, kKvHeads,
-                           kHeadDim, 0.125f, out.data() + i * q_dim, scratch.data());
+                           kHeadDim, t.scale, out.data() + i * q_dim, scratch.data());
       benchmark::ClobberMemory();
       continue;
     }
@@ -111,11 +120,22 @@ int register_all() {
             const char* mode_name = mode == Mode::tile ? "/tile" : mode == Mode::token ? "/token" : "/legacy";
             const std::string name = std::string(kv_type_name(type)) + "/m" + std::to_string(m) + "/ctx" +
                                      std::to_string(ctx) + "/" + isa_name(isa) + mode_name;
-            benchmark::RegisterBenchmark(name.c_str(), bm_tile, isa, type, m, ctx, mode)
+            benchmark::RegisterBenchmark(name.c_str(), bm_tile, kTinyLlama, isa, type, m, ctx, mode)
                 ->Unit(benchmark::kMicrosecond)
                 ->UseRealTime()
                 ->ComputeStatistics("min", min_of);
           }
+  for (KvType type : {KvType::f16, KvType::f32})
+    for (int64_t ctx : {64, 128})
+      for (Isa isa : {Isa::avx2, Isa::avx512}) {
+        if (!isa_supported(isa, cpu_features())) continue;
+        const std::string name = std::string("small/") + kv_type_name(type) + "/m1/ctx" + std::to_string(ctx) + "/" +
+                                 isa_name(isa) + "/tile";
+        benchmark::RegisterBenchmark(name.c_str(), bm_tile, kStories, isa, type, 1, ctx, Mode::tile)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime()
+            ->ComputeStatistics("min", min_of);
+      }
   return 0;
 }
 
